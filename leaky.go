@@ -1,0 +1,187 @@
+package egress
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+// LeakyBucket is a local leaky bucket per key: a FIFO queue drained at
+// exactly the rate.
+//
+// Requests of a key leave in order of arrival, spaced 1/rate apart (a request
+// of cost c is followed by a gap of c/rate): the output is smooth, never a
+// burst, and over any window w a key releases at most rate·w + 1 units (plus
+// the cost of the largest request, when costs exceed 1). A request that finds
+// no one ahead of it and the last release far enough in the past goes at
+// once; otherwise it joins the queue and waits its turn. When the queue
+// already holds queueDepth cost units, the request is refused at once with
+// ErrQueueFull. A waiter whose context ends leaves the queue without using a
+// slot, and those behind it move up.
+//
+// Choose it in front of a downstream that accepts exactly R per second and
+// punishes bursts (a payment gateway at 30 TPS); the queue adds latency.
+//
+// The waiting is done by the callers' own goroutines, each on its own timer:
+// no goroutine runs for a key, idle or not, and a key's state is dropped once
+// its queue is empty and its last release is past. The limit holds within one
+// process; for a fleet, see the shared limiters. A LeakyBucket is safe for
+// simultaneous use by multiple goroutines.
+type LeakyBucket struct {
+	rate  Rate
+	depth int
+	clock clock.Clock
+
+	mu    sync.Mutex
+	lanes keyed[*lane] // guarded by mu
+}
+
+// lane is one key's queue. All its fields are guarded by the bucket's mu.
+type lane struct {
+	next   time.Time // the earliest time the next release may happen
+	queue  []*waiter // waiting requests, in order of arrival; queue[0] is the head
+	queued int       // the sum of the costs in queue
+}
+
+// waiter is a request in a lane's queue. Only its own goroutine releases it.
+type waiter struct {
+	cost int
+	head chan struct{} // closed when the waiter becomes the head of the queue
+}
+
+func (l *lane) atRest(now time.Time) bool { return len(l.queue) == 0 && !l.next.After(now) }
+
+// NewLeakyBucket returns a leaky bucket per key that releases at rate r and
+// queues up to queueDepth cost units per key. A depth of 0 means no queue: a
+// request goes at once or is refused. It fails if r is not positive or
+// queueDepth < 0.
+func NewLeakyBucket(r Rate, queueDepth int) (*LeakyBucket, error) {
+	if err := r.validate("NewLeakyBucket: rate"); err != nil {
+		return nil, err
+	}
+	if queueDepth < 0 {
+		return nil, configError("NewLeakyBucket: queueDepth", queueDepth, "must be at least 0")
+	}
+	return &LeakyBucket{rate: r, depth: queueDepth, clock: clock.Real{}, lanes: newKeyed[*lane]()}, nil
+}
+
+// Wait implements Limiter: it waits for the request's turn in key's queue.
+// A cost above the queue depth (above 1 when the depth is 0) fails at once
+// with ErrCostTooHigh; a full queue, with ErrQueueFull.
+func (lb *LeakyBucket) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	if err := checkCost(key, cost, max(lb.depth, 1)); err != nil || cost == 0 {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	w, start, err := lb.arrive(key, cost, waitBudget(ctx, maxWait))
+	if err != nil || w == nil {
+		return 0, err
+	}
+	for {
+		turn, released, done := lb.poll(key, w)
+		if done {
+			return released.Sub(start), nil
+		}
+		var timer clock.Timer
+		var fire <-chan time.Time
+		ready := w.head
+		if turn > 0 {
+			timer = lb.clock.NewTimer(turn)
+			fire, ready = timer.C(), nil
+		}
+		select {
+		case <-fire:
+		case <-ready:
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			lb.leave(key, w)
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// arrive admits a request of cost, now, and says when now was. It returns a
+// nil waiter when the request may go at once (its release is recorded), a
+// waiter now in the queue, or a *LimitError when the queue is full or the
+// wait would not fit in b.
+func (lb *LeakyBucket) arrive(key string, cost int, b budget) (w *waiter, now time.Time, err error) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	now = lb.clock.Now() // read under mu, so that releases are in time order
+	l := lb.lane(key, now)
+	if len(l.queue) == 0 && !l.next.After(now) {
+		l.next = now.Add(durationOf(cost, lb.rate))
+		return nil, now, nil
+	}
+	// Released at the later of next and now, after everyone ahead.
+	wait := max(l.next.Sub(now), 0) + durationOf(l.queued, lb.rate)
+	if l.queued+cost > lb.depth {
+		return nil, now, &LimitError{Key: key, Cost: cost, Reason: ReasonQueueFull, Wait: wait}
+	}
+	if e := b.refuse(now, key, cost, wait); e != nil {
+		return nil, now, e
+	}
+	w = &waiter{cost: cost, head: make(chan struct{})}
+	if len(l.queue) == 0 {
+		close(w.head)
+	}
+	l.queue = append(l.queue, w)
+	l.queued += cost
+	return w, now, nil
+}
+
+// poll releases w if it is the head of the queue and its time has come
+// (done, at the time now). Otherwise it says how long the head has until its
+// turn, or 0 when w is not the head and must wait to become it.
+func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, now time.Time, done bool) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	now = lb.clock.Now()
+	l := lb.lanes.m[key]
+	if l.queue[0] != w {
+		return 0, now, false
+	}
+	if l.next.After(now) {
+		return l.next.Sub(now), now, false
+	}
+	l.next = now.Add(durationOf(w.cost, lb.rate))
+	l.pop(0)
+	return 0, now, true
+}
+
+// leave takes w out of key's queue, unreleased.
+func (lb *LeakyBucket) leave(key string, w *waiter) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	l := lb.lanes.m[key]
+	if i := slices.Index(l.queue, w); i >= 0 {
+		l.pop(i)
+	}
+}
+
+// pop removes the waiter at i and wakes the new head.
+func (l *lane) pop(i int) {
+	l.queued -= l.queue[i].cost
+	l.queue = slices.Delete(l.queue, i, i+1)
+	if i == 0 && len(l.queue) > 0 {
+		close(l.queue[0].head)
+	}
+}
+
+// lane returns key's lane, making an empty one if there is none. The caller
+// holds mu.
+func (lb *LeakyBucket) lane(key string, now time.Time) *lane {
+	if l, ok := lb.lanes.get(key, now); ok {
+		return l
+	}
+	l := &lane{}
+	lb.lanes.put(key, l)
+	return l
+}

@@ -1,0 +1,129 @@
+package egress
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+// TokenBucket is a local token bucket per key, built on golang.org/x/time/rate.
+//
+// Each key's bucket holds up to burst tokens and refills at the rate; a
+// request takes as many tokens as it costs. A full bucket lets a burst of
+// requests through at once, after which they are spaced to the rate: over any
+// window w, a key admits at most rate·w + burst cost units. Choose it for
+// callers whose traffic comes in bursts, in front of a provider that allows
+// them. Waiters are served in order of arrival; a waiter whose context ends
+// gives its tokens back.
+//
+// A key's bucket is created on first use and dropped once it has refilled
+// completely and a sweep (at most once a minute, done lazily by the calls
+// themselves) finds it so; a dropped bucket is indistinguishable from a full
+// one, so eviction never lets extra requests through. No goroutine runs in
+// the background.
+//
+// The limit holds within one process. For a fleet, see the shared limiters.
+// A TokenBucket is safe for simultaneous use by multiple goroutines.
+type TokenBucket struct {
+	limit rate.Limit
+	burst int
+	clock clock.Clock
+
+	mu      sync.RWMutex
+	buckets keyed[tokenBucket] // guarded by mu
+}
+
+// tokenBucket is one key's bucket.
+type tokenBucket struct{ lim *rate.Limiter }
+
+func (b tokenBucket) atRest(now time.Time) bool {
+	return b.lim.TokensAt(now) >= float64(b.lim.Burst())
+}
+
+// NewTokenBucket returns a token bucket per key with refill rate r and
+// capacity burst (in cost units). It fails if r is not positive or burst < 1.
+func NewTokenBucket(r Rate, burst int) (*TokenBucket, error) {
+	if err := r.validate("NewTokenBucket: rate"); err != nil {
+		return nil, err
+	}
+	if burst < 1 {
+		return nil, configError("NewTokenBucket: burst", burst, "must be at least 1")
+	}
+	return &TokenBucket{
+		limit:   rate.Limit(r.PerSecond()),
+		burst:   burst,
+		clock:   clock.Real{},
+		buckets: newKeyed[tokenBucket](),
+	}, nil
+}
+
+// Wait implements Limiter: it takes cost tokens from key's bucket, waiting
+// for the refill when the bucket holds fewer. A cost above the burst fails at
+// once with ErrCostTooHigh.
+func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	if err := checkCost(key, cost, tb.burst); err != nil || cost == 0 {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	r, delay, err := tb.reserve(key, cost, waitBudget(ctx, maxWait))
+	if err != nil || delay == 0 {
+		return 0, err
+	}
+	if err := sleep(ctx, tb.clock, delay); err != nil {
+		tb.mu.RLock()
+		r.CancelAt(tb.clock.Now())
+		tb.mu.RUnlock()
+		return 0, err
+	}
+	return delay, nil
+}
+
+// reserve takes cost tokens from key's bucket, now. It returns a nil
+// reservation and no delay when the tokens were there; otherwise the
+// reservation and how long to wait for it, or a *LimitError when that wait
+// does not fit in b (and then nothing is taken).
+//
+// Buckets are used under the read lock (each rate.Limiter has its own mutex);
+// the write lock is for adding keys and sweeping, so a bucket is never
+// dropped while a call is using it.
+func (tb *TokenBucket) reserve(key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
+	tb.mu.RLock()
+	now := tb.clock.Now()
+	lim, ok := tb.buckets.m[key]
+	if !ok || tb.buckets.sweepDue(now) {
+		tb.mu.RUnlock()
+		tb.mu.Lock()
+		defer tb.mu.Unlock()
+		now = tb.clock.Now()
+		lim = tb.bucket(key, now)
+	} else {
+		defer tb.mu.RUnlock()
+	}
+	if lim.lim.AllowN(now, cost) {
+		return nil, 0, nil
+	}
+	r := lim.lim.ReserveN(now, cost)
+	delay := r.DelayFrom(now)
+	if e := b.refuse(now, key, cost, delay); e != nil {
+		r.CancelAt(now)
+		return nil, 0, e
+	}
+	return r, delay, nil
+}
+
+// bucket returns key's bucket, making a full one if there is none. The
+// caller holds mu for writing.
+func (tb *TokenBucket) bucket(key string, now time.Time) tokenBucket {
+	if b, ok := tb.buckets.get(key, now); ok {
+		return b
+	}
+	b := tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst)}
+	tb.buckets.put(key, b)
+	return b
+}
