@@ -1,38 +1,56 @@
 package egress
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
+
+	"github.com/egress-go/egress/internal/clock"
 )
 
 // Transport is an http.RoundTripper that holds outbound requests to the rate
-// its Limiter allows, key by key.
+// its Limiter allows, key by key, honours the pauses providers ask for, and
+// retries what is safe to retry.
 //
 // For each request it computes the key (KeyFunc, the host by default) and the
-// cost (CostFunc, 1 by default), waits for the limiter to grant that cost,
-// then sends the request through the base RoundTripper. A request the limiter
+// cost (CostFunc, 1 by default), waits out any pause of the key, waits for
+// the limiter to grant that cost, then sends the request through the base
+// RoundTripper. A response that asks callers to wait (429 or 503 with
+// Retry-After, or rate-limit headers saying nothing is left until a reset)
+// pauses every request of the key in this Transport until then, capped by
+// RetryPolicy.MaxRetryAfter. With WithRetry, failed attempts are sent again
+// as RetryPolicy describes; each attempt passes the pause and the limiter
+// again. A request the limiter
 // refuses (its wait would outlast the context's deadline or the maximum
 // wait, its queue is full, its cost is too high) is not sent: RoundTrip
 // returns a *LimitError that matches ErrRateLimited, and closes the request
 // body. A request whose context ends while it waits returns the context's
 // error.
 //
-// A Transport without a limiter (no WithLimiter option) passes every request
-// straight through, unthrottled.
+// A Transport without a limiter (no WithLimiter option) sends every request
+// unthrottled; it still honours pauses. Without WithRetry it sends each
+// request once.
 //
 // Transport keeps the http.RoundTripper contract: it does not modify the
 // request, it returns either a response or an error, and it closes the
 // request body on every path where it does not send it. It is safe for
 // simultaneous use by multiple goroutines.
 type Transport struct {
-	base     http.RoundTripper
-	limiter  Limiter
-	keyFunc  func(*http.Request) string
-	costFunc func(*http.Request) int
-	maxWait  time.Duration
-	obs      Observer
+	base          http.RoundTripper
+	limiter       Limiter
+	keyFunc       func(*http.Request) string
+	costFunc      func(*http.Request) int
+	maxWait       time.Duration
+	obs           Observer
+	retry         *RetryPolicy // nil: no retries
+	budget        retryBudget  // used when retry != nil
+	maxRetryAfter time.Duration
+	cool          cooldowns
+	clock         clock.Clock
+	rand          func() float64 // the backoff's random source; nil: math/rand/v2
 }
 
 // Option configures a Transport in New.
@@ -48,6 +66,7 @@ type config struct {
 	costFunc func(*http.Request) int
 	maxWait  time.Duration
 	observer Observer
+	retry    *RetryPolicy
 	errs     []error
 }
 
@@ -103,6 +122,19 @@ func WithMaxWait(d time.Duration) Option {
 	})
 }
 
+// WithRetry makes the Transport retry failed attempts as p says (see
+// RetryPolicy; its zero fields take their defaults). Default: no retries.
+// An invalid field is an error naming it.
+func WithRetry(p RetryPolicy) Option {
+	return optionFunc(func(c *config) {
+		p, err := p.withDefaults()
+		if err != nil {
+			c.errs = append(c.errs, err)
+		}
+		c.retry = &p
+	})
+}
+
 // WithObserver sets hooks that the Transport calls as requests wait, are
 // refused and are sent. Default: none. Hooks run on the request's goroutine
 // and must be quick and safe for concurrent use.
@@ -123,6 +155,15 @@ type Observer struct {
 	// number (1 for the first), the response status (0 when err != nil) and
 	// the error.
 	OnSent func(key string, attempt, status int, err error)
+	// OnRetry is called before the Transport waits delay and sends attempt
+	// again; status and err are what the previous attempt got.
+	OnRetry func(key string, attempt int, delay time.Duration, status int, err error)
+	// OnCooldown is called when a response pauses key until the given time
+	// (or pauses it longer); err is the Pauser's error, if any.
+	OnCooldown func(key string, until time.Time, err error)
+	// OnBudgetExhausted is called when a retry is not made because the
+	// retry budget is spent.
+	OnBudgetExhausted func(key string)
 }
 
 // New returns a Transport that sends requests through base, which defaults
@@ -146,52 +187,235 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &Transport{
-		base:     base,
-		limiter:  c.limiter,
-		keyFunc:  c.keyFunc,
-		costFunc: c.costFunc,
-		maxWait:  c.maxWait,
-		obs:      c.observer,
-	}, nil
+	t := &Transport{
+		base:          base,
+		limiter:       c.limiter,
+		keyFunc:       c.keyFunc,
+		costFunc:      c.costFunc,
+		maxWait:       c.maxWait,
+		obs:           c.observer,
+		retry:         c.retry,
+		maxRetryAfter: defaultMaxRetryAfter,
+		clock:         clock.Real{},
+	}
+	if t.retry != nil {
+		t.maxRetryAfter = t.retry.MaxRetryAfter
+		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
+	}
+	return t, nil
 }
 
 func hostKey(req *http.Request) string { return req.URL.Host }
 
 func unitCost(*http.Request) int { return 1 }
 
-// RoundTrip implements http.RoundTripper: it waits for the limiter, then
-// sends req through the base RoundTripper.
+// RoundTrip implements http.RoundTripper: the path of a request in the
+// package doc, attempt after attempt.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.limiter == nil {
-		return t.base.RoundTrip(req)
-	}
-	key := t.keyFunc(req)
-	if err := t.admit(req, key); err != nil {
+	key, cost := t.keyFunc(req), t.costFunc(req)
+	if cost < 0 {
 		closeBody(req)
-		if t.obs.OnReject != nil {
-			t.obs.OnReject(key, err)
+		return nil, fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", cost, key)
+	}
+	var start time.Time // of the first attempt; read only when retries may follow
+	if t.retry != nil {
+		start = t.clock.Now()
+		t.budget.deposit(start)
+	}
+	backoff := FullJitter{Rand: t.rand}
+	r := req
+	for attempt := 1; ; attempt++ {
+		if err := t.admit(r.Context(), key, cost); err != nil {
+			closeBody(r)
+			if t.obs.OnReject != nil {
+				t.obs.OnReject(key, err)
+			}
+			return nil, err
 		}
-		return nil, err
+		resp, err := t.base.RoundTrip(r)
+		if t.obs.OnSent != nil {
+			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
+		}
+		asked := t.learn(r.Context(), key, resp)
+		delay, next := t.plan(req, key, attempt, resp, err, asked, start, &backoff)
+		switch next {
+		case stop:
+			return resp, err
+		case giveUp:
+			return t.giveUp(key, attempt, resp, err)
+		}
+		drain(resp)
+		if err := sleep(req.Context(), t.clock, delay); err != nil {
+			return nil, err
+		}
+		if r, err = rewind(req); err != nil {
+			return nil, err
+		}
 	}
-	resp, err := t.base.RoundTrip(req)
-	if t.obs.OnSent != nil {
-		t.obs.OnSent(key, 1, statusOf(resp, err), err)
-	}
-	return resp, err
 }
 
-// admit waits until the limiter grants req's cost on key.
-func (t *Transport) admit(req *http.Request, key string) error {
-	cost := t.costFunc(req)
-	if cost < 0 {
-		return fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", cost, key)
+// admit waits out any pause of key, then for the limiter to grant cost,
+// within the context's deadline and the maximum wait.
+func (t *Transport) admit(ctx context.Context, key string, cost int) error {
+	var waited time.Duration
+	maxWait := t.maxWait
+	if d, now := t.cool.remaining(key, t.clock); d > 0 {
+		if e := waitBudget(ctx, maxWait).refuse(now, key, cost, d); e != nil {
+			return e
+		}
+		if err := sleep(ctx, t.clock, d); err != nil {
+			return err
+		}
+		waited = d
+		if maxWait > 0 {
+			maxWait = max(maxWait-d, 1) // what is left of it; 1ns refuses any further wait
+		}
 	}
-	waited, err := t.limiter.Wait(req.Context(), key, cost, t.maxWait)
-	if err == nil && waited > 0 && t.obs.OnWait != nil {
+	if t.limiter != nil && cost > 0 {
+		w, err := t.limiter.Wait(ctx, key, cost, maxWait)
+		if err != nil {
+			return err
+		}
+		waited += w
+	}
+	if waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
 	}
-	return err
+	return nil
+}
+
+// asked is what a response asked of its caller: to wait RetryAfter before
+// another attempt (when HasRetryAfter), and whether it asked for more than
+// MaxRetryAfter allows.
+type asked struct {
+	retryAfter    time.Duration
+	hasRetryAfter bool
+	tooLong       bool
+}
+
+// learn reads what resp says about the provider's limit: a 429 or 503 with
+// Retry-After, or rate-limit headers saying nothing is left until a reset,
+// pause the key until then (capped by MaxRetryAfter).
+func (t *Transport) learn(ctx context.Context, key string, resp *http.Response) asked {
+	if resp == nil || len(resp.Header) == 0 {
+		return asked{}
+	}
+	var a asked
+	now := t.clock.Now()
+	var until time.Time
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		// One nanosecond over the cap tells "too long" from "exactly the cap".
+		if d, ok := parseRetryAfter(resp.Header.Values("Retry-After"), now, t.maxRetryAfter+1); ok {
+			a = asked{retryAfter: min(d, t.maxRetryAfter), hasRetryAfter: true, tooLong: d > t.maxRetryAfter}
+			until = now.Add(a.retryAfter)
+		}
+	}
+	if rl := parseRateLimit(resp.Header, now, t.maxRetryAfter); rl.HasRemaining && rl.Remaining == 0 && rl.HasReset {
+		until = maxTime(until, now.Add(rl.Reset))
+	}
+	if until.After(now) {
+		t.pause(ctx, key, until, now)
+	}
+	return a
+}
+
+// pause holds key until until, in this Transport and, when the limiter is a
+// Pauser, wherever the limiter reaches.
+func (t *Transport) pause(ctx context.Context, key string, until, now time.Time) {
+	if !t.cool.pause(key, until, now) {
+		return
+	}
+	var err error
+	if p, ok := t.limiter.(Pauser); ok {
+		err = p.Pause(ctx, key, until)
+	}
+	if t.obs.OnCooldown != nil {
+		t.obs.OnCooldown(key, until, err)
+	}
+}
+
+// next is what the Transport does after an attempt.
+type next uint8
+
+const (
+	stop   next = iota // return the attempt's outcome as it is
+	retry              // wait, then send again
+	giveUp             // worth a retry, but out of attempts, time or budget
+)
+
+// plan decides whether attempt is followed by another, and after what
+// delay.
+func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.Response, err error, a asked, start time.Time, b *FullJitter) (time.Duration, next) {
+	p := t.retry
+	if p == nil || !p.worthRetry(req, resp, err, a.hasRetryAfter) {
+		return 0, stop
+	}
+	if a.tooLong || attempt >= p.MaxAttempts {
+		return 0, giveUp
+	}
+	if b.Base == 0 {
+		b.Base, b.Max = p.BaseDelay, p.MaxDelay
+	}
+	delay := max(a.retryAfter, b.NextBackOff())
+	now := t.clock.Now()
+	at := now.Add(delay)
+	if dl, ok := req.Context().Deadline(); (ok && at.After(dl)) || at.Sub(start) > p.MaxElapsed {
+		return 0, giveUp
+	}
+	if !t.budget.withdraw(now) {
+		if t.obs.OnBudgetExhausted != nil {
+			t.obs.OnBudgetExhausted(key)
+		}
+		return 0, giveUp
+	}
+	if t.obs.OnRetry != nil {
+		t.obs.OnRetry(key, attempt+1, delay, statusOf(resp, err), err)
+	}
+	return delay, retry
+}
+
+// giveUp returns the last outcome of a request that ran out of attempts,
+// time or budget: as it is, or as a *RetryError when the policy says so.
+func (t *Transport) giveUp(key string, attempts int, resp *http.Response, err error) (*http.Response, error) {
+	if !t.retry.ErrorOnExhausted {
+		return resp, err
+	}
+	drain(resp)
+	return nil, &RetryError{Key: key, Attempts: attempts, Status: statusOf(resp, err), Err: err}
+}
+
+// rewind returns a copy of req to send again, with a fresh body from
+// GetBody.
+func rewind(req *http.Request) (*http.Request, error) {
+	r := req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, fmt.Errorf("egress: rewinding the request body for a retry: %w", err)
+		}
+		r.Body = body
+	}
+	return r, nil
+}
+
+// drainLimit bounds how much of a discarded response body is read so that
+// its connection can be reused.
+const drainLimit = 64 << 10
+
+// drain reads what is left of resp's body, up to drainLimit, and closes it.
+func drain(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	io.CopyN(io.Discard, resp.Body, drainLimit)
+	resp.Body.Close()
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // CloseIdleConnections closes the idle connections of the base RoundTripper,

@@ -1,0 +1,297 @@
+package egress
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+)
+
+// RetryPolicy says which failed requests a Transport sends again, and how
+// patiently. Set it with WithRetry; a Transport without one never retries
+// (it still honours the pauses providers ask for). Every zero field means the
+// default written beside it.
+//
+// What is retried, and why:
+//   - 429, and 503 with Retry-After, mean the provider did not process the
+//     request: retried whatever the method.
+//   - A network error, or another status of RetryableStatuses, may come after
+//     the provider acted: retried only for idempotent methods (GET, HEAD,
+//     OPTIONS, TRACE, PUT, DELETE) or requests with an Idempotency-Key header.
+//   - A request with a body is sent again only through req.GetBody (which
+//     http.NewRequest sets for in-memory bodies); without it the response is
+//     returned as it is.
+//   - Certificate errors and the context's own end are never retried.
+//
+// The wait before a retry is the longer of the response's Retry-After and a
+// full-jitter backoff: random(0, min(MaxDelay, BaseDelay·2^n)). When that
+// wait would outlast the context's deadline, MaxElapsed, or when Retry-After
+// asks for more than MaxRetryAfter, the caller gets the response at once.
+// Every retry passes the limiter again.
+type RetryPolicy struct {
+	// MaxAttempts is the number of attempts in all, the first included.
+	// Default 3; 1 disables retries (pauses are still honoured).
+	MaxAttempts int
+	// BaseDelay is the backoff ceiling of the first retry. Default 200ms.
+	BaseDelay time.Duration
+	// MaxDelay caps the backoff ceiling. Default 10s; at least BaseDelay.
+	MaxDelay time.Duration
+	// MaxElapsed bounds the time from the first attempt to the start of the
+	// last: no retry starts later. Default 1m.
+	MaxElapsed time.Duration
+	// MaxRetryAfter caps every wait learnt from a response header
+	// (Retry-After, rate-limit resets), for retries and for the pause of a
+	// key alike, so a broken or hostile header cannot park the service.
+	// A response asking for more is returned at once. Default 1m.
+	MaxRetryAfter time.Duration
+	// RetryableStatuses are the statuses worth another attempt.
+	// Default 429, 502, 503, 504.
+	RetryableStatuses []int
+	// Classify, when set, decides first: it sees each attempt's response or
+	// error and returns RetryDefault to apply the rules above, RetryYes to
+	// retry whatever the method, or RetryNo. A request whose body cannot be
+	// sent again is never retried, whatever Classify says.
+	Classify func(req *http.Request, resp *http.Response, err error) RetryDecision
+	// BudgetRatio caps retries at this fraction of recent first attempts
+	// (over the last 10 s, per Transport), so that an outage does not
+	// multiply the traffic. Default 0.2.
+	BudgetRatio float64
+	// BudgetFloor is the number of retries allowed per 10 s whatever the
+	// traffic, so a quiet service can still retry. Default 10.
+	BudgetFloor int
+	// ErrorOnExhausted, when true, turns the last response of a request that
+	// ran out of attempts, time or budget into a *RetryError (its body is
+	// drained and closed). By default the caller gets that response, as
+	// http.Client would.
+	ErrorOnExhausted bool
+}
+
+// RetryDecision is what RetryPolicy.Classify says of an attempt.
+type RetryDecision uint8
+
+const (
+	// RetryDefault applies the policy's own rules.
+	RetryDefault RetryDecision = iota
+	// RetryYes retries, whatever the method (the budget, attempts and the
+	// body rule still apply).
+	RetryYes
+	// RetryNo returns the response or error as it is.
+	RetryNo
+)
+
+// The defaults of RetryPolicy.
+const (
+	defaultMaxAttempts   = 3
+	defaultBaseDelay     = 200 * time.Millisecond
+	defaultMaxDelay      = 10 * time.Second
+	defaultMaxElapsed    = time.Minute
+	defaultMaxRetryAfter = time.Minute
+	defaultBudgetRatio   = 0.2
+	defaultBudgetFloor   = 10
+)
+
+var defaultRetryableStatuses = []int{
+	http.StatusTooManyRequests, http.StatusBadGateway,
+	http.StatusServiceUnavailable, http.StatusGatewayTimeout,
+}
+
+// withDefaults returns p with its zero fields set, or an error naming the
+// first invalid field.
+func (p RetryPolicy) withDefaults() (RetryPolicy, error) {
+	bad := func(field string, v any, why string) (RetryPolicy, error) {
+		return p, configError("WithRetry: RetryPolicy."+field, v, why)
+	}
+	switch {
+	case p.MaxAttempts < 0:
+		return bad("MaxAttempts", p.MaxAttempts, "must not be negative")
+	case p.BaseDelay < 0:
+		return bad("BaseDelay", p.BaseDelay, "must not be negative")
+	case p.MaxDelay < 0:
+		return bad("MaxDelay", p.MaxDelay, "must not be negative")
+	case p.MaxElapsed < 0:
+		return bad("MaxElapsed", p.MaxElapsed, "must not be negative")
+	case p.MaxRetryAfter < 0:
+		return bad("MaxRetryAfter", p.MaxRetryAfter, "must not be negative")
+	case p.BudgetRatio < 0 || p.BudgetRatio != p.BudgetRatio:
+		return bad("BudgetRatio", p.BudgetRatio, "must not be negative")
+	case p.BudgetFloor < 0:
+		return bad("BudgetFloor", p.BudgetFloor, "must not be negative")
+	}
+	for _, s := range p.RetryableStatuses {
+		if s < 100 || s > 599 {
+			return bad("RetryableStatuses", s, "is not an HTTP status")
+		}
+	}
+	set := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	set(&p.BaseDelay, defaultBaseDelay)
+	set(&p.MaxDelay, max(defaultMaxDelay, p.BaseDelay))
+	set(&p.MaxElapsed, defaultMaxElapsed)
+	set(&p.MaxRetryAfter, defaultMaxRetryAfter)
+	if p.MaxDelay < p.BaseDelay {
+		return bad("MaxDelay", p.MaxDelay, fmt.Sprintf("must be at least BaseDelay (%v)", p.BaseDelay))
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = defaultMaxAttempts
+	}
+	if p.BudgetRatio == 0 {
+		p.BudgetRatio = defaultBudgetRatio
+	}
+	if p.BudgetFloor == 0 {
+		p.BudgetFloor = defaultBudgetFloor
+	}
+	if p.RetryableStatuses == nil {
+		p.RetryableStatuses = defaultRetryableStatuses
+	} else {
+		p.RetryableStatuses = slices.Clone(p.RetryableStatuses)
+	}
+	return p, nil
+}
+
+// ErrRetriesExhausted matches a *RetryError: the request failed on every
+// attempt it was allowed.
+var ErrRetriesExhausted = errors.New("egress: retries exhausted")
+
+// RetryError is returned, when RetryPolicy.ErrorOnExhausted is set, for a
+// request that failed on its last allowed attempt. It matches
+// ErrRetriesExhausted, and unwraps to the last attempt's error, if any.
+type RetryError struct {
+	Key      string // the request's limiter key
+	Attempts int    // attempts made
+	Status   int    // the last response's status; 0 when it was an error
+	Err      error  // the last attempt's error; nil when there was a response
+}
+
+// Error describes the failure.
+func (e *RetryError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("egress: key %q: gave up after %d attempts: %v", e.Key, e.Attempts, e.Err)
+	}
+	return fmt.Sprintf("egress: key %q: gave up after %d attempts: status %d", e.Key, e.Attempts, e.Status)
+}
+
+// Unwrap links the error to ErrRetriesExhausted and to the last error.
+func (e *RetryError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrRetriesExhausted, e.Err}
+	}
+	return []error{ErrRetriesExhausted}
+}
+
+// worthRetry applies the rules of RetryPolicy to one attempt, before
+// attempts, time and budget are counted. hasRetryAfter says whether the
+// response carried a usable Retry-After.
+func (p *RetryPolicy) worthRetry(req *http.Request, resp *http.Response, err error, hasRetryAfter bool) bool {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false // it cannot be sent again
+	}
+	switch p.decide(req, resp, err) {
+	case RetryNo:
+		return false
+	case RetryYes:
+		return true
+	}
+	switch {
+	case err != nil:
+		return transient(req, err) && idempotent(req)
+	case !slices.Contains(p.RetryableStatuses, resp.StatusCode):
+		return false
+	case resp.StatusCode == http.StatusTooManyRequests,
+		resp.StatusCode == http.StatusServiceUnavailable && hasRetryAfter:
+		return true // not processed: safe for any method
+	}
+	return idempotent(req)
+}
+
+func (p *RetryPolicy) decide(req *http.Request, resp *http.Response, err error) RetryDecision {
+	if p.Classify == nil {
+		return RetryDefault
+	}
+	return p.Classify(req, resp, err)
+}
+
+// idempotent reports whether sending req twice is as good as once: its
+// method is idempotent (RFC 9110) or it carries an Idempotency-Key.
+func idempotent(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != ""
+}
+
+// transient reports whether a transport error may go away on another
+// attempt: not the end of the request's context, not a certificate that
+// failed verification.
+func transient(req *http.Request, err error) bool {
+	if req.Context().Err() != nil {
+		return false
+	}
+	var (
+		verr *tls.CertificateVerificationError
+		uerr x509.UnknownAuthorityError
+		herr x509.HostnameError
+		cerr x509.CertificateInvalidError
+	)
+	return !errors.As(err, &verr) && !errors.As(err, &uerr) && !errors.As(err, &herr) && !errors.As(err, &cerr)
+}
+
+// retryBudget caps the retries of a Transport at ratio × the first attempts
+// of the last 10 seconds, plus floor. It counts in one-second slots.
+type retryBudget struct {
+	ratio float64
+	floor int
+
+	mu    sync.Mutex
+	slots [10]budgetSlot // guarded by mu; slot i holds second s where s%10 == i
+}
+
+type budgetSlot struct {
+	sec             int64
+	firsts, retries int
+}
+
+// slot returns the slot of now's second, emptied if it held an older one.
+// The caller holds mu.
+func (b *retryBudget) slot(now time.Time) *budgetSlot {
+	sec := now.Unix()
+	s := &b.slots[sec%int64(len(b.slots))]
+	if s.sec != sec {
+		*s = budgetSlot{sec: sec}
+	}
+	return s
+}
+
+// deposit records a first attempt.
+func (b *retryBudget) deposit(now time.Time) {
+	b.mu.Lock()
+	b.slot(now).firsts++
+	b.mu.Unlock()
+}
+
+// withdraw takes one retry from the budget, or reports that there is none.
+func (b *retryBudget) withdraw(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.slot(now)
+	oldest := now.Unix() - int64(len(b.slots)) + 1
+	firsts, retries := 0, 0
+	for _, s := range b.slots {
+		if s.sec >= oldest {
+			firsts += s.firsts
+			retries += s.retries
+		}
+	}
+	if float64(retries+1) > b.ratio*float64(firsts)+float64(b.floor) {
+		return false
+	}
+	cur.retries++
+	return true
+}
