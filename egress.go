@@ -230,6 +230,9 @@ func (b budget) refuse(now time.Time, key string, cost int, d time.Duration) *Li
 // sleep waits for d on clk, or until ctx ends, in which case it returns
 // ctx.Err().
 func sleep(ctx context.Context, clk clock.Clock, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
 	t := clk.NewTimer(d)
 	select {
 	case <-t.C():

@@ -65,7 +65,12 @@ func NewLeakyBucket(r Rate, queueDepth int) (*LeakyBucket, error) {
 	if queueDepth < 0 {
 		return nil, configError("NewLeakyBucket: queueDepth", queueDepth, "must be at least 0")
 	}
-	return &LeakyBucket{rate: r, depth: queueDepth, clock: clock.Real{}, lanes: newKeyed[*lane]()}, nil
+	return newLeakyBucket(r, queueDepth), nil
+}
+
+// newLeakyBucket is NewLeakyBucket for settings known to be valid.
+func newLeakyBucket(r Rate, queueDepth int) *LeakyBucket {
+	return &LeakyBucket{rate: r, depth: queueDepth, clock: clock.Real{}, lanes: newKeyed[*lane]()}
 }
 
 // Wait implements Limiter: it waits for the request's turn in key's queue.

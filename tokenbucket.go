@@ -53,12 +53,17 @@ func NewTokenBucket(r Rate, burst int) (*TokenBucket, error) {
 	if burst < 1 {
 		return nil, configError("NewTokenBucket: burst", burst, "must be at least 1")
 	}
+	return newTokenBucket(r, burst), nil
+}
+
+// newTokenBucket is NewTokenBucket for settings known to be valid.
+func newTokenBucket(r Rate, burst int) *TokenBucket {
 	return &TokenBucket{
 		limit:   rate.Limit(r.PerSecond()),
 		burst:   burst,
 		clock:   clock.Real{},
 		buckets: newKeyed[tokenBucket](),
-	}, nil
+	}
 }
 
 // Wait implements Limiter: it takes cost tokens from key's bucket, waiting

@@ -1,0 +1,55 @@
+-- reserve: one atomic decision for a batch of requests on one key, on the
+-- Redis server's clock. It is a token bucket kept as a theoretical arrival
+-- time (GCRA): the bucket is full again at tat.
+--
+-- KEYS[1]  the bucket's tat, in microseconds of server time
+-- KEYS[2]  the key's pause: no admission before this server time (us)
+-- ARGV[1]  interval: microseconds per cost unit (1/rate)
+-- ARGV[2]  burst in cost units; 0 makes a pacer (each request's own cost is
+--          its burst: releases spaced cost*interval apart, never a burst)
+-- ARGV[3]  queue limit: the longest wait, in us, before a request is refused
+--          as "queue full"; -1 for none
+-- ARGV[4], ARGV[5], ...  pairs of (cost, max wait in us; -1 for none), one
+--          pair a request, served in order
+--
+-- Returns a flat array: the pause left in us (0 when none), then a pair a
+-- request: (code, wait in us), code 0 = admitted after wait, 1 = refused
+-- because wait exceeds its max wait, 2 = refused because the queue is full.
+-- A refused request takes nothing.
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local queue = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local start = math.max(now, pause)
+local out = {math.max(0, math.ceil(pause - now))}
+local changed = false
+for i = 4, #ARGV, 2 do
+  local cost = tonumber(ARGV[i])
+  local maxwait = tonumber(ARGV[i + 1])
+  local b = burst
+  if b == 0 then b = cost end
+  local newtat = math.max(tat, start) + cost * interval
+  local at = math.max(newtat - b * interval, start)
+  local wait = math.ceil(at - now)
+  local code = 0
+  if queue >= 0 and wait > queue then
+    code = 2
+  elseif maxwait >= 0 and wait > maxwait then
+    code = 1
+  else
+    tat = newtat
+    changed = true
+  end
+  out[#out + 1] = code
+  out[#out + 1] = wait
+end
+if changed then
+  -- The state matters until the bucket is full again.
+  local ttl = math.ceil((tat - now) / 1000) + 1
+  redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', ttl)
+end
+return out

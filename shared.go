@@ -1,0 +1,478 @@
+package egress
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/lua"
+)
+
+// SharedTokenBucket is a token bucket per key whose limit holds for a whole
+// fleet: every instance that uses the same Redis and the same name draws from
+// the same buckets, so the fleet admits at most rate·w + burst cost units in
+// any window w, whatever the number of instances.
+//
+// Each decision is one atomic Lua script on the Redis server's clock (never
+// GET-then-SET, never the instances' clocks), one round trip for a batch of
+// requests: concurrent waiters of a key in one process share a script call.
+// A waiter reserves its turn and sleeps until it; a turn that would outlast
+// its deadline or the maximum wait is refused at once, taking nothing. A
+// waiter whose context ends after it reserved does not give its tokens back
+// (that would cost a round trip); the fleet sends less, never more.
+//
+// When Redis fails or is slow (see WithCommandTimeout), the limiter falls
+// back to a local token bucket at the instance's share of the rate, learnt
+// from the fleet's heartbeats, and returns to shared mode once Redis answers
+// again; see WithFailClosed and WithFallbackRate. Close stops its background
+// goroutine. A SharedTokenBucket is safe for simultaneous use by multiple
+// goroutines.
+type SharedTokenBucket struct{ *shared }
+
+// SharedLeakyBucket is a pacer per key for a whole fleet: releases of a key
+// are spaced 1/rate apart across every instance that uses the same Redis and
+// the same name (a request of cost c is followed by a gap of c/rate). Each
+// caller atomically reserves the next free slot and sleeps until it; a slot
+// further out than queueDepth units of the rate (queueDepth/rate) is refused
+// at once with ErrQueueFull. Redis failures, pauses and Close work as for
+// SharedTokenBucket. A SharedLeakyBucket is safe for simultaneous use by
+// multiple goroutines.
+type SharedLeakyBucket struct{ *shared }
+
+// NewSharedTokenBucket returns a fleet-wide token bucket per key, named name
+// in rdb (a plain, failover or cluster client), with rate r and burst burst.
+// Instances that share rdb and name share the limit. The name is 1 to 64
+// letters, digits, '.', '_' or '-'. It fails on invalid settings; it does not
+// contact Redis (a Redis that is down at start means fallback mode).
+func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst int, opts ...SharedOption) (*SharedTokenBucket, error) {
+	if burst < 1 {
+		return nil, configError("NewSharedTokenBucket: burst", burst, "must be at least 1")
+	}
+	s, err := newShared("NewSharedTokenBucket", rdb, name, r, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.shape, s.burst, s.capacity, s.queue = "tb", burst, burst, -1
+	s.local = func(share Rate, live int) Limiter { return newTokenBucket(share, max(1, burst/live)) }
+	s.start()
+	return &SharedTokenBucket{s}, nil
+}
+
+// NewSharedLeakyBucket returns a fleet-wide pacer per key, named name in
+// rdb, releasing at rate r and refusing a request whose slot is more than
+// queueDepth cost units (queueDepth/r) away. See NewSharedTokenBucket for
+// the name and the errors.
+func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueDepth int, opts ...SharedOption) (*SharedLeakyBucket, error) {
+	if queueDepth < 0 {
+		return nil, configError("NewSharedLeakyBucket: queueDepth", queueDepth, "must be at least 0")
+	}
+	s, err := newShared("NewSharedLeakyBucket", rdb, name, r, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.shape, s.burst, s.capacity = "lb", 0, max(queueDepth, 1)
+	s.queue = micros(durationOf(queueDepth, r))
+	if queueDepth == 0 {
+		s.queue = 0
+	}
+	s.local = func(share Rate, _ int) Limiter { return newLeakyBucket(share, queueDepth) }
+	s.start()
+	return &SharedLeakyBucket{s}, nil
+}
+
+// SharedOption configures a shared limiter.
+type SharedOption interface {
+	applyShared(*sharedConfig)
+}
+
+type sharedConfig struct {
+	timeout      time.Duration // per Redis command
+	failClosed   bool
+	fallbackRate Rate // zero: the learnt share
+	onFallback   func(name string, active bool, err error)
+	heartbeat    time.Duration
+	errs         []error
+}
+
+type sharedOptionFunc func(*sharedConfig)
+
+func (f sharedOptionFunc) applyShared(c *sharedConfig) { f(c) }
+
+// The defaults of the shared limiters.
+const (
+	defaultCommandTimeout = 50 * time.Millisecond
+	defaultHeartbeat      = time.Second
+	maxBatch              = 128 // requests in one script call
+)
+
+// WithCommandTimeout bounds each Redis command; a command that takes longer
+// counts as a failure and the request goes to the fallback. Default 50ms.
+func WithCommandTimeout(d time.Duration) SharedOption {
+	return sharedOptionFunc(func(c *sharedConfig) {
+		if d <= 0 {
+			c.errs = append(c.errs, configError("WithCommandTimeout", d, "must be positive"))
+		}
+		c.timeout = d
+	})
+}
+
+// WithFailClosed makes requests fail with ErrSharedUnavailable while Redis
+// is unreachable, instead of the default: falling back to a local limiter
+// at this instance's share of the rate, so that no request fails because
+// Redis did.
+func WithFailClosed() SharedOption {
+	return sharedOptionFunc(func(c *sharedConfig) { c.failClosed = true })
+}
+
+// WithFallbackRate sets the rate of the local limiter used while Redis is
+// unreachable. Default: the shared rate divided by the number of live
+// instances last counted in Redis (each instance heartbeats once a second;
+// an instance that never reached Redis counts the fleet as itself alone).
+func WithFallbackRate(r Rate) SharedOption {
+	return sharedOptionFunc(func(c *sharedConfig) {
+		if err := r.validate("WithFallbackRate"); err != nil {
+			c.errs = append(c.errs, err)
+		}
+		c.fallbackRate = r
+	})
+}
+
+// WithFallbackObserver sets a hook called when the limiter named name
+// switches to its local fallback (active true, with the Redis error) and
+// back to shared mode (active false). It must be quick.
+func WithFallbackObserver(f func(name string, active bool, err error)) SharedOption {
+	return sharedOptionFunc(func(c *sharedConfig) {
+		if f == nil {
+			c.errs = append(c.errs, configError("WithFallbackObserver", "nil", "the hook must not be nil"))
+		}
+		c.onFallback = f
+	})
+}
+
+// ErrSharedUnavailable matches the error of a fail-closed shared limiter
+// (WithFailClosed) while Redis is unreachable.
+var ErrSharedUnavailable = errors.New("egress: shared limiter unavailable")
+
+// SharedStats are counters of a shared limiter since it was made.
+type SharedStats struct {
+	RoundTrips    int64 // reservation scripts run on Redis
+	Admitted      int64 // requests admitted through Redis (not the fallback)
+	Fallback      bool  // whether the limiter is in fallback mode now
+	LiveInstances int   // instances of this name last counted in Redis
+}
+
+var sharedNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// shared is the machinery of both shared shapes.
+type shared struct {
+	rdb      redis.UniversalClient
+	name     string
+	shape    string // "tb" or "lb", in key names
+	rate     Rate
+	interval float64 // microseconds per cost unit
+	burst    int     // 0 for the pacer
+	capacity int     // the largest cost ever granted
+	queue    int64   // pacer: the longest wait in us; -1 for none
+	cfg      sharedConfig
+	id       string // this instance, in the fleet's heartbeat set
+	clock    clock.Clock
+	local    func(share Rate, live int) Limiter // the fallback at a share of the rate
+	coalesce bool                               // false only in measurements
+
+	reserveScript, pauseScript, heartbeatScript *redis.Script
+
+	roundTrips, admitted atomic.Int64
+	live                 atomic.Int64
+	fallback             atomic.Pointer[fallbackState] // nil in shared mode
+
+	mu     sync.Mutex
+	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
+	pauses map[string]pauseMark // guarded by mu; pauses heard of, by key id
+
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// fallbackState is the local limiter used while Redis is unreachable.
+type fallbackState struct {
+	limiter Limiter
+}
+
+// pauseMark is a pause heard of: until when, and when it was heard.
+type pauseMark struct{ until, heard time.Time }
+
+func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts []SharedOption) (*shared, error) {
+	if rdb == nil {
+		return nil, configError(op+": rdb", "nil", "the Redis client must not be nil")
+	}
+	if !sharedNameRE.MatchString(name) {
+		return nil, configError(op+": name", strconv.Quote(name), "must be 1 to 64 letters, digits, '.', '_' or '-'")
+	}
+	if err := r.validate(op + ": rate"); err != nil {
+		return nil, err
+	}
+	cfg := sharedConfig{timeout: defaultCommandTimeout, heartbeat: defaultHeartbeat}
+	for _, o := range opts {
+		if o == nil {
+			cfg.errs = append(cfg.errs, configError(op+": option", "nil", "options must not be nil"))
+			continue
+		}
+		o.applyShared(&cfg)
+	}
+	if err := errors.Join(cfg.errs...); err != nil {
+		return nil, err
+	}
+	var id [8]byte
+	rand.Read(id[:])
+	s := &shared{
+		rdb: rdb, name: name, rate: r, cfg: cfg, id: hex.EncodeToString(id[:]),
+		interval:        float64(r.per) / float64(time.Microsecond) / r.n,
+		clock:           clock.Real{},
+		coalesce:        true,
+		reserveScript:   redis.NewScript(lua.Reserve),
+		pauseScript:     redis.NewScript(lua.Pause),
+		heartbeatScript: redis.NewScript(lua.Heartbeat),
+		lanes:           newKeyed[*batchLane](),
+		pauses:          make(map[string]pauseMark),
+		stop:            make(chan struct{}),
+		done:            make(chan struct{}),
+	}
+	s.live.Store(1)
+	return s, nil
+}
+
+// keyID names a caller's key in Redis: a hash, so that no key can reach
+// outside its own namespace or collide with another limiter's keys.
+func keyID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:16])
+}
+
+// redisKeys returns the bucket and pause keys of a key id. They share the
+// hash tag {name:id}, so a script's keys share a Cluster slot, while
+// different keys spread over the Cluster.
+func (s *shared) redisKeys(id string) []string {
+	tag := "egress:{" + s.name + ":" + id + "}:"
+	return []string{tag + s.shape, tag + "pause"}
+}
+
+func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }
+func (s *shared) channel() string    { return "egress:{" + s.name + "}:pauses" }
+
+// Wait implements Limiter for the fleet: see SharedTokenBucket and
+// SharedLeakyBucket.
+func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	if err := checkCost(key, cost, s.capacity); err != nil || cost == 0 {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	id := keyID(key)
+	b := waitBudget(ctx, maxWait)
+	start := s.clock.Now()
+	for {
+		if fb := s.fallback.Load(); fb != nil {
+			if s.cfg.failClosed {
+				return 0, fmt.Errorf("%w: %s", ErrSharedUnavailable, s.name)
+			}
+			waited := s.clock.Now().Sub(start)
+			w, err := fb.limiter.Wait(ctx, key, cost, remaining(maxWait, waited))
+			return waited + w, err
+		}
+		reservedAt := s.clock.Now()
+		rep := s.reserve(ctx, id, cost, b, reservedAt)
+		switch {
+		case rep.err != nil && ctx.Err() != nil:
+			return 0, ctx.Err()
+		case rep.err != nil:
+			s.failed(rep.err)
+			continue // to the fallback
+		case rep.code == 1:
+			return 0, b.refuseWith(key, cost, rep.wait, s.clock.Now())
+		case rep.code == 2:
+			return 0, &LimitError{Key: key, Cost: cost, Reason: ReasonQueueFull, Wait: rep.wait}
+		}
+		if err := sleep(ctx, s.clock, rep.wait); err != nil {
+			return 0, err
+		}
+		if !s.pausedSince(id, reservedAt) {
+			return s.clock.Now().Sub(start), nil
+		}
+		// A pause began after this turn was reserved: the turn falls inside
+		// it. Reserve again; the script knows the pause.
+	}
+}
+
+// remaining returns what is left of maxWait after waited (0 for no limit).
+func remaining(maxWait, waited time.Duration) time.Duration {
+	if maxWait <= 0 {
+		return 0
+	}
+	return max(maxWait-waited, 1)
+}
+
+// refuseWith returns the LimitError for a wait the script found too long,
+// naming the bound that refused it.
+func (b budget) refuseWith(key string, cost int, wait time.Duration, now time.Time) *LimitError {
+	if e := b.refuse(now, key, cost, wait); e != nil {
+		return e
+	}
+	return &LimitError{Key: key, Cost: cost, Reason: ReasonDeadline, Wait: wait}
+}
+
+// pausedSince reports whether a pause of key id was heard after since and
+// has not ended.
+func (s *shared) pausedSince(id string, since time.Time) bool {
+	s.mu.Lock()
+	p, ok := s.pauses[id]
+	s.mu.Unlock()
+	return ok && p.heard.After(since) && p.until.After(s.clock.Now())
+}
+
+// Pause implements Pauser: it holds key for the whole fleet until until. The
+// pause is written to Redis beside the bucket and announced on a channel, so
+// that turns already reserved are given up and reserved again after it.
+func (s *shared) Pause(ctx context.Context, key string, until time.Time) error {
+	now := s.clock.Now()
+	d := until.Sub(now)
+	if d <= 0 {
+		return nil
+	}
+	id := keyID(key)
+	s.heard(id, until, now)
+	err := s.do(ctx, func(ctx context.Context) error {
+		return s.pauseScript.Run(ctx, s.rdb, s.redisKeys(id)[1:], micros(d), s.channel(), id).Err()
+	})
+	if err != nil {
+		return fmt.Errorf("egress: shared limiter %s: pause: %w", s.name, err)
+	}
+	return nil
+}
+
+// heard records a pause of key id until until, heard at now.
+func (s *shared) heard(id string, until, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.pauses[id]; ok && !until.After(p.until) {
+		return
+	}
+	for k, p := range s.pauses {
+		if !p.until.After(now) {
+			delete(s.pauses, k)
+		}
+	}
+	s.pauses[id] = pauseMark{until: until, heard: now}
+}
+
+// Stats returns the limiter's counters.
+func (s *shared) Stats() SharedStats {
+	return SharedStats{
+		RoundTrips:    s.roundTrips.Load(),
+		Admitted:      s.admitted.Load(),
+		Fallback:      s.fallback.Load() != nil,
+		LiveInstances: int(s.live.Load()),
+	}
+}
+
+// Close stops the limiter's background goroutine and removes the instance
+// from the fleet's count. The limiter must not be used after Close.
+func (s *shared) Close() error {
+	s.once.Do(func() { close(s.stop) })
+	<-s.done
+	return s.do(context.Background(), func(ctx context.Context) error {
+		return s.heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
+	})
+}
+
+// instanceTTL is how long an instance counts as live after its heartbeat.
+func (s *shared) instanceTTL() time.Duration { return 3 * s.cfg.heartbeat }
+
+// failed switches to the fallback after a Redis error.
+func (s *shared) failed(err error) {
+	share := s.cfg.fallbackRate
+	live := int(max(1, s.live.Load()))
+	if share == (Rate{}) {
+		share = Rate{n: s.rate.n / float64(live), per: s.rate.per}
+	}
+	if s.fallback.CompareAndSwap(nil, &fallbackState{limiter: s.local(share, live)}) && s.cfg.onFallback != nil {
+		s.cfg.onFallback(s.name, true, err)
+	}
+}
+
+// start runs the background goroutine: the heartbeat that counts the fleet
+// and probes Redis while in fallback, and the subscription that hears pauses.
+func (s *shared) start() {
+	go s.background()
+}
+
+func (s *shared) background() {
+	defer close(s.done)
+	sub := s.rdb.Subscribe(context.Background(), s.channel())
+	defer sub.Close()
+	msgs := sub.Channel()
+	s.beat()
+	tick := time.NewTicker(s.cfg.heartbeat / 4)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case m := <-msgs:
+			s.hear(m.Payload)
+		case now := <-tick.C:
+			// Beat once a heartbeat period; probe four times as often while
+			// in fallback, to return to shared mode soon after Redis does.
+			if s.fallback.Load() != nil || now.Sub(last) >= s.cfg.heartbeat {
+				s.beat()
+				last = now
+			}
+		}
+	}
+}
+
+// beat sends a heartbeat and learns the live count; it also probes Redis:
+// a failure enters fallback, a success leaves it.
+func (s *shared) beat() {
+	var n int64
+	err := s.do(context.Background(), func(ctx context.Context) error {
+		var err error
+		n, err = s.heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1).Int64()
+		return err
+	})
+	if err != nil {
+		s.failed(err)
+		return
+	}
+	s.live.Store(max(1, n))
+	if s.fallback.Swap(nil) != nil && s.cfg.onFallback != nil {
+		s.cfg.onFallback(s.name, false, nil)
+	}
+}
+
+// hear records a pause announced on the channel: "<key id> <us left>".
+func (s *shared) hear(payload string) {
+	id, left, ok := strings.Cut(payload, " ")
+	us, err := strconv.ParseInt(left, 10, 64)
+	if !ok || err != nil || us <= 0 {
+		return
+	}
+	now := s.clock.Now()
+	s.heard(id, now.Add(time.Duration(us)*time.Microsecond), now)
+}
+
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }

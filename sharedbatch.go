@@ -1,0 +1,202 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Coalescing: concurrent waiters of one key in one process share a script
+// call. Waiters join the key's queue; one goroutine at a time (the lead,
+// started by the first waiter to find none) takes the queue, up to maxBatch,
+// and runs one script call for all of it. The script serves a batch in
+// order, exactly as it would serve the calls one by one, so the fleet-wide
+// bound holds.
+//
+// While this process already holds turns in the future for a key, the
+// bucket has no capacity to give before them anyway: the lead waits until
+// shortly before the last turn it holds, and the waiters that arrive
+// meanwhile go in one call. A process with 64 busy waiters on a key thus
+// makes about one round trip per 64 admissions instead of one each. The lead
+// exits when the queue is empty: no goroutine runs for an idle key.
+
+// batchLane is the coalescing state of one key. Its fields are guarded by
+// the shared limiter's mu.
+type batchLane struct {
+	queue   []*pending    // waiting for a call
+	leading bool          // a lead goroutine is running for the key
+	held    time.Time     // the latest turn this process holds
+	rtt     time.Duration // the last round trip's duration
+}
+
+func (l *batchLane) atRest(now time.Time) bool {
+	return !l.leading && len(l.queue) == 0 && !l.held.After(now)
+}
+
+// pending is one waiter's request.
+type pending struct {
+	cost  int
+	limit time.Time     // the latest turn it accepts; zero for none
+	res   chan reserved // buffered: the one result
+}
+
+// reserved is what the script said of one request.
+type reserved struct {
+	code int           // 0 admitted, 1 too long for its max wait, 2 queue full
+	wait time.Duration // from the script's now until the turn
+	err  error
+}
+
+// reserve asks Redis for a turn of cost on key id, within b. A waiter whose
+// context ends leaves at once; if its request was already sent, the turn
+// is lost (the fleet sends less, never more).
+func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now time.Time) reserved {
+	p := &pending{cost: cost, limit: b.deadline, res: make(chan reserved, 1)}
+	if b.maxWait > 0 && (p.limit.IsZero() || now.Add(b.maxWait).Before(p.limit)) {
+		p.limit = now.Add(b.maxWait)
+	}
+	if !s.coalesce {
+		results, err := s.runReserve(id, []*pending{p})
+		if err != nil {
+			return reserved{err: err}
+		}
+		return results[0]
+	}
+	s.mu.Lock()
+	l, ok := s.lanes.get(id, now)
+	if !ok {
+		l = &batchLane{}
+		s.lanes.put(id, l)
+	}
+	l.queue = append(l.queue, p)
+	if !l.leading {
+		l.leading = true
+		go s.lead(id, l)
+	}
+	s.mu.Unlock()
+	select {
+	case r := <-p.res:
+		return r
+	case <-ctx.Done():
+		s.mu.Lock()
+		if i := slices.Index(l.queue, p); i >= 0 {
+			l.queue = slices.Delete(l.queue, i, i+1)
+		}
+		s.mu.Unlock()
+		return reserved{err: ctx.Err()}
+	}
+}
+
+// lead runs the script calls of key id until its queue is empty.
+func (s *shared) lead(id string, l *batchLane) {
+	for {
+		s.mu.Lock()
+		// Call again shortly before the last turn held, so that the new
+		// turns follow on without a gap.
+		due := l.held.Add(-2*l.rtt - time.Millisecond)
+		s.mu.Unlock()
+		if d := due.Sub(s.clock.Now()); d > 0 {
+			t := s.clock.NewTimer(d)
+			<-t.C()
+		}
+		s.mu.Lock()
+		n := min(len(l.queue), maxBatch)
+		batch := slices.Clone(l.queue[:n])
+		l.queue = slices.Delete(l.queue, 0, n)
+		if n == 0 {
+			l.leading = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+
+		start := s.clock.Now()
+		results, err := s.runReserve(id, batch)
+		now := s.clock.Now()
+		s.mu.Lock()
+		l.rtt = now.Sub(start)
+		for _, r := range results {
+			if r.code == 0 {
+				l.held = maxTime(l.held, now.Add(r.wait))
+			}
+		}
+		s.mu.Unlock()
+		for i, p := range batch {
+			if err != nil {
+				p.res <- reserved{err: err}
+			} else {
+				p.res <- results[i]
+			}
+		}
+	}
+}
+
+// runReserve runs the reservation script for batch: one round trip.
+func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
+	args := make([]any, 0, 3+2*len(batch))
+	args = append(args, s.interval, s.burst, s.queue)
+	now := s.clock.Now()
+	for _, p := range batch {
+		maxWait := int64(-1) // none
+		if !p.limit.IsZero() {
+			maxWait = max(micros(p.limit.Sub(now)), 0)
+		}
+		args = append(args, p.cost, maxWait)
+	}
+	s.roundTrips.Add(1)
+	var reply any
+	err := s.do(context.Background(), func(ctx context.Context) error {
+		var err error
+		reply, err = s.reserveScript.Run(ctx, s.rdb, s.redisKeys(id), args...).Result()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
+	}
+	results, err := parseReserve(reply, len(batch))
+	if err != nil {
+		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
+	}
+	for _, r := range results {
+		if r.code == 0 {
+			s.admitted.Add(1)
+		}
+	}
+	return results, nil
+}
+
+// parseReserve checks and reads the script's reply: the pause left, then a
+// (code, wait) pair a request. A malformed reply is an error, never a panic.
+func parseReserve(reply any, n int) ([]reserved, error) {
+	vals, ok := reply.([]any)
+	if !ok || len(vals) != 1+2*n {
+		return nil, fmt.Errorf("malformed reply %v: want %d integers", reply, 1+2*n)
+	}
+	out := make([]reserved, n)
+	for i := range out {
+		code, ok1 := vals[1+2*i].(int64)
+		wait, ok2 := vals[2+2*i].(int64)
+		if !ok1 || !ok2 || code < 0 || code > 2 || wait < 0 {
+			return nil, fmt.Errorf("malformed reply %v at request %d", reply, i)
+		}
+		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond}
+	}
+	return out, nil
+}
+
+// do runs f with the command timeout. It returns when the timeout passes
+// even if f does not (a client without ContextTimeoutEnabled may block until
+// its own read timeout): the limiter must not hang with Redis.
+func (s *shared) do(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- f(ctx) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
