@@ -1,9 +1,20 @@
 # One command sets up and runs everything: make test.
 GO ?= go
 
-.PHONY: test vet race fuzz bench
+.PHONY: test setup vet race fuzz bench
 
-test: vet race fuzz
+test: setup vet race fuzz
+
+# The Redis tests run against a real redis-server on a loopback port; install
+# the Debian package when it is missing (as root, or through sudo).
+setup:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		echo "installing redis-server"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -q redis-server >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q redis-server >/dev/null; }; \
+	}
+	@redis-server --version
 
 vet:
 	$(GO) vet ./...

@@ -49,6 +49,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"base", nil},
 		{"tokenbucket", []Option{WithLimiter(tb)}},
 		{"leakybucket", []Option{WithLimiter(lb)}},
+		{"tokenbucket+retry", []Option{WithLimiter(tb), WithRetry(RetryPolicy{})}},
 		{"tokenbucket+observer", []Option{WithLimiter(tb), WithObserver(Observer{
 			OnWait:   func(string, time.Duration) {},
 			OnReject: func(string, error) {},

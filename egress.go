@@ -91,8 +91,11 @@ func (r Rate) validate(option string) error {
 }
 
 // durationOf returns the time cost units take at rate r, rounded up to the
-// nanosecond and clamped to [1ns, MaxInt64].
+// nanosecond and clamped to [1ns, MaxInt64]; no time for no cost.
 func durationOf(cost int, r Rate) time.Duration {
+	if cost <= 0 {
+		return 0
+	}
 	ns := math.Ceil(float64(cost) * float64(r.per) / r.n)
 	switch {
 	case !(ns >= 1):
@@ -211,6 +214,15 @@ type budget struct {
 func waitBudget(ctx context.Context, maxWait time.Duration) budget {
 	dl, _ := ctx.Deadline()
 	return budget{deadline: dl, maxWait: maxWait}
+}
+
+// remaining returns what is left of maxWait after waited: 0 (no limit) when
+// maxWait is 0, and at least 1ns, which refuses any further wait.
+func remaining(maxWait, waited time.Duration) time.Duration {
+	if maxWait <= 0 {
+		return 0
+	}
+	return max(maxWait-waited, 1)
 }
 
 // refuse returns the LimitError for a wait of d from now, or nil when it fits.

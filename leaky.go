@@ -142,13 +142,18 @@ func (lb *LeakyBucket) arrive(key string, cost int, b budget) (w *waiter, now ti
 	return w, now, nil
 }
 
-// poll releases w if it is the head of the queue and its time has come
-// (done, at the time now). Otherwise it says how long the head has until its
-// turn, or 0 when w is not the head and must wait to become it.
-func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, now time.Time, done bool) {
+// poll releases w if it is the head of the queue and its turn has come
+// (done, at the time of its turn). Otherwise it says how long the head has
+// until its turn, or 0 when w is not the head and must wait to become it.
+//
+// A head whose goroutine wakes a little late is released at its turn, and
+// the next turn follows from that one, so the queue drains at exactly the
+// rate whatever the timer slack. After a stall longer than the head's own
+// gap, the schedule restarts from now instead of catching up in a burst.
+func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.Time, done bool) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	now = lb.clock.Now()
+	now := lb.clock.Now()
 	l := lb.lanes.m[key]
 	if l.queue[0] != w {
 		return 0, now, false
@@ -156,9 +161,14 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, now time
 	if l.next.After(now) {
 		return l.next.Sub(now), now, false
 	}
-	l.next = now.Add(durationOf(w.cost, lb.rate))
+	gap := durationOf(w.cost, lb.rate)
+	at = l.next
+	if now.Sub(at) > gap {
+		at = now
+	}
+	l.next = at.Add(gap)
 	l.pop(0)
-	return 0, now, true
+	return 0, at, true
 }
 
 // leave takes w out of key's queue, unreleased.

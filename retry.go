@@ -262,7 +262,8 @@ type budgetSlot struct {
 // The caller holds mu.
 func (b *retryBudget) slot(now time.Time) *budgetSlot {
 	sec := now.Unix()
-	s := &b.slots[sec%int64(len(b.slots))]
+	n := int64(len(b.slots))
+	s := &b.slots[(sec%n+n)%n] // a time before 1970 must not index out of range
 	if s.sec != sec {
 		*s = budgetSlot{sec: sec}
 	}

@@ -317,14 +317,6 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 	}
 }
 
-// remaining returns what is left of maxWait after waited (0 for no limit).
-func remaining(maxWait, waited time.Duration) time.Duration {
-	if maxWait <= 0 {
-		return 0
-	}
-	return max(maxWait-waited, 1)
-}
-
 // refuseWith returns the LimitError for a wait the script found too long,
 // naming the bound that refused it.
 func (b budget) refuseWith(key string, cost int, wait time.Duration, now time.Time) *LimitError {

@@ -34,13 +34,17 @@ type TokenBucket struct {
 	clock clock.Clock
 
 	mu      sync.RWMutex
-	buckets keyed[tokenBucket] // guarded by mu
+	buckets keyed[*tokenBucket] // guarded by mu
 }
 
-// tokenBucket is one key's bucket.
-type tokenBucket struct{ lim *rate.Limiter }
+// tokenBucket is one key's bucket. x/time/rate needs the times it is given in
+// order, so the clock is read under mu.
+type tokenBucket struct {
+	mu  sync.Mutex
+	lim *rate.Limiter
+}
 
-func (b tokenBucket) atRest(now time.Time) bool {
+func (b *tokenBucket) atRest(now time.Time) bool {
 	return b.lim.TokensAt(now) >= float64(b.lim.Burst())
 }
 
@@ -62,7 +66,7 @@ func newTokenBucket(r Rate, burst int) *TokenBucket {
 		limit:   rate.Limit(r.PerSecond()),
 		burst:   burst,
 		clock:   clock.Real{},
-		buckets: newKeyed[tokenBucket](),
+		buckets: newKeyed[*tokenBucket](),
 	}
 }
 
@@ -76,44 +80,59 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	r, delay, err := tb.reserve(key, cost, waitBudget(ctx, maxWait))
+	bk, r, delay, err := tb.reserve(key, cost, waitBudget(ctx, maxWait))
 	if err != nil || delay == 0 {
 		return 0, err
 	}
 	if err := sleep(ctx, tb.clock, delay); err != nil {
+		// A bucket with a pending reservation is not at rest, so bk is
+		// still the key's bucket.
 		tb.mu.RLock()
+		bk.mu.Lock()
 		r.CancelAt(tb.clock.Now())
+		bk.mu.Unlock()
 		tb.mu.RUnlock()
 		return 0, err
 	}
 	return delay, nil
 }
 
-// reserve takes cost tokens from key's bucket, now. It returns a nil
+// reserve takes cost tokens from key's bucket, now. It returns no
 // reservation and no delay when the tokens were there; otherwise the
 // reservation and how long to wait for it, or a *LimitError when that wait
 // does not fit in b (and then nothing is taken).
 //
-// Buckets are used under the read lock (each rate.Limiter has its own mutex);
-// the write lock is for adding keys and sweeping, so a bucket is never
-// dropped while a call is using it.
-func (tb *TokenBucket) reserve(key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
+// An existing bucket is used under the read lock and its own mutex; the
+// write lock is for adding keys and sweeping, so a bucket is never dropped
+// while a call is using it.
+func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *rate.Reservation, time.Duration, error) {
 	tb.mu.RLock()
-	now := tb.clock.Now()
-	lim, ok := tb.buckets.m[key]
-	if !ok || tb.buckets.sweepDue(now) {
-		tb.mu.RUnlock()
-		tb.mu.Lock()
-		defer tb.mu.Unlock()
-		now = tb.clock.Now()
-		lim = tb.bucket(key, now)
-	} else {
-		defer tb.mu.RUnlock()
+	if bk, ok := tb.buckets.m[key]; ok {
+		bk.mu.Lock()
+		now := tb.clock.Now()
+		if !tb.buckets.sweepDue(now) {
+			r, delay, err := take(bk.lim, now, key, cost, b)
+			bk.mu.Unlock()
+			tb.mu.RUnlock()
+			return bk, r, delay, err
+		}
+		bk.mu.Unlock()
 	}
-	if lim.lim.AllowN(now, cost) {
+	tb.mu.RUnlock()
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	now := tb.clock.Now()
+	bk := tb.bucket(key, now)
+	r, delay, err := take(bk.lim, now, key, cost, b)
+	return bk, r, delay, err
+}
+
+// take takes cost tokens from lim at now; see reserve.
+func take(lim *rate.Limiter, now time.Time, key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
+	if lim.AllowN(now, cost) {
 		return nil, 0, nil
 	}
-	r := lim.lim.ReserveN(now, cost)
+	r := lim.ReserveN(now, cost)
 	delay := r.DelayFrom(now)
 	if e := b.refuse(now, key, cost, delay); e != nil {
 		r.CancelAt(now)
@@ -124,11 +143,11 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (*rate.Reservatio
 
 // bucket returns key's bucket, making a full one if there is none. The
 // caller holds mu for writing.
-func (tb *TokenBucket) bucket(key string, now time.Time) tokenBucket {
+func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 	if b, ok := tb.buckets.get(key, now); ok {
 		return b
 	}
-	b := tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst)}
+	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst)}
 	tb.buckets.put(key, b)
 	return b
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
@@ -78,8 +79,8 @@ func (f optionFunc) apply(c *config) { f(c) }
 // Transport does not throttle. A nil limiter is an error.
 func WithLimiter(l Limiter) Option {
 	return optionFunc(func(c *config) {
-		if l == nil {
-			c.errs = append(c.errs, configError("WithLimiter", "nil", "the limiter must not be nil"))
+		if l == nil || isNilPointer(l) {
+			c.errs = append(c.errs, configError("WithLimiter", l, "the limiter must not be nil"))
 		}
 		c.limiter = l
 	})
@@ -205,6 +206,13 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	return t, nil
 }
 
+// isNilPointer reports whether v is a nil pointer in an interface, such as
+// a (*TokenBucket)(nil) passed as a Limiter.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
 func hostKey(req *http.Request) string { return req.URL.Host }
 
 func unitCost(*http.Request) int { return 1 }
@@ -214,8 +222,7 @@ func unitCost(*http.Request) int { return 1 }
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key, cost := t.keyFunc(req), t.costFunc(req)
 	if cost < 0 {
-		closeBody(req)
-		return nil, fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", cost, key)
+		return nil, t.reject(req, key, fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", cost, key))
 	}
 	var start time.Time // of the first attempt; read only when retries may follow
 	if t.retry != nil {
@@ -226,11 +233,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req
 	for attempt := 1; ; attempt++ {
 		if err := t.admit(r.Context(), key, cost); err != nil {
-			closeBody(r)
-			if t.obs.OnReject != nil {
-				t.obs.OnReject(key, err)
-			}
-			return nil, err
+			return nil, t.reject(r, key, err)
 		}
 		resp, err := t.base.RoundTrip(r)
 		if t.obs.OnSent != nil {
@@ -254,29 +257,46 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// reject closes the body of a request that will not be sent, as the
+// http.RoundTripper contract requires, tells the observer, and returns err.
+func (t *Transport) reject(req *http.Request, key string, err error) error {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	if t.obs.OnReject != nil {
+		t.obs.OnReject(key, err)
+	}
+	return err
+}
+
 // admit waits out any pause of key, then for the limiter to grant cost,
-// within the context's deadline and the maximum wait.
+// within the context's deadline and the maximum wait. A pause that begins
+// while the request waits in the limiter covers it too: it waits the pause
+// out and passes the limiter again, so that the waiters released meanwhile
+// do not go out together when the pause ends.
 func (t *Transport) admit(ctx context.Context, key string, cost int) error {
 	var waited time.Duration
-	maxWait := t.maxWait
-	if d, now := t.cool.remaining(key, t.clock); d > 0 {
-		if e := waitBudget(ctx, maxWait).refuse(now, key, cost, d); e != nil {
-			return e
+	for {
+		if d, now := t.cool.remaining(key, t.clock); d > 0 {
+			if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost, d); e != nil {
+				return e
+			}
+			if err := sleep(ctx, t.clock, d); err != nil {
+				return err
+			}
+			waited += d
 		}
-		if err := sleep(ctx, t.clock, d); err != nil {
-			return err
+		if t.limiter == nil || cost == 0 {
+			break
 		}
-		waited = d
-		if maxWait > 0 {
-			maxWait = max(maxWait-d, 1) // what is left of it; 1ns refuses any further wait
-		}
-	}
-	if t.limiter != nil && cost > 0 {
-		w, err := t.limiter.Wait(ctx, key, cost, maxWait)
+		w, err := t.limiter.Wait(ctx, key, cost, remaining(t.maxWait, waited))
 		if err != nil {
 			return err
 		}
 		waited += w
+		if d, _ := t.cool.remaining(key, t.clock); d == 0 {
+			break
+		}
 	}
 	if waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
@@ -327,7 +347,8 @@ func (t *Transport) pause(ctx context.Context, key string, until, now time.Time)
 	}
 	var err error
 	if p, ok := t.limiter.(Pauser); ok {
-		err = p.Pause(ctx, key, until)
+		// The pause matters to the fleet even if this request's context ends.
+		err = p.Pause(context.WithoutCancel(ctx), key, until)
 	}
 	if t.obs.OnCooldown != nil {
 		t.obs.OnCooldown(key, until, err)
@@ -356,7 +377,10 @@ func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.
 	if b.Base == 0 {
 		b.Base, b.Max = p.BaseDelay, p.MaxDelay
 	}
-	delay := max(a.retryAfter, b.NextBackOff())
+	// The next attempt cannot go before the key's pause ends either (it may
+	// come from rate-limit headers rather than Retry-After).
+	pause, _ := t.cool.remaining(key, t.clock)
+	delay := max(a.retryAfter, b.NextBackOff(), pause)
 	now := t.clock.Now()
 	at := now.Add(delay)
 	if dl, ok := req.Context().Deadline(); (ok && at.After(dl)) || at.Sub(start) > p.MaxElapsed {
@@ -432,12 +456,4 @@ func statusOf(resp *http.Response, err error) int {
 		return 0
 	}
 	return resp.StatusCode
-}
-
-// closeBody closes the body of a request that will not be sent, as the
-// http.RoundTripper contract requires.
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		req.Body.Close()
-	}
 }

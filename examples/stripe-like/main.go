@@ -4,7 +4,8 @@
 // runs a fleet of -instances simulated pods, each with its own http.Client
 // and -workers goroutines, twice: first without egress (a plain client that
 // retries a 429 at once, up to three times: the 429 storm), then with egress
-// (one token bucket for the whole fleet, set to the provider's limit).
+// (one token bucket for the whole fleet, set to the provider's limit; the
+// provider's Retry-After pauses the whole fleet; polite retries).
 //
 //	go run ./examples/stripe-like
 //	go run ./examples/stripe-like -rate 30 -instances 8 -duration 5s
@@ -96,7 +97,7 @@ func run(s settings, out io.Writer) error {
 		return err
 	}
 	shaped, err := runFleet(s, out, "with egress", func(base http.RoundTripper) http.RoundTripper {
-		tr, err := egress.New(base, egress.WithLimiter(limiter))
+		tr, err := egress.New(base, egress.WithLimiter(limiter), egress.WithRetry(egress.RetryPolicy{MaxAttempts: 4}))
 		if err != nil {
 			panic(err) // the options are constants: a failure is a bug here
 		}

@@ -1,0 +1,503 @@
+package egress
+
+// Tests of the per-key pauses (cooldown.go) and of how the Transport learns
+// them from responses, with and without retries. The helpers of
+// retry_test.go (rtyServer, rtyScript, ...) serve here too.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+var coolEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func TestCooldownsRemaining(t *testing.T) {
+	fc := clock.NewFake(coolEpoch)
+	var c cooldowns
+
+	d, now := c.remaining("a", fc)
+	assert.Zero(t, d)
+	assert.True(t, now.IsZero(), "with no pause ever made, remaining reads no clock")
+
+	require.True(t, c.pause("a", coolEpoch.Add(2*time.Second), coolEpoch))
+	require.True(t, c.pause("b", coolEpoch.Add(500*time.Millisecond), coolEpoch))
+
+	type want struct {
+		key  string
+		left time.Duration
+	}
+	for _, s := range []struct {
+		advance time.Duration
+		wants   []want
+	}{
+		{0, []want{{"a", 2 * time.Second}, {"b", 500 * time.Millisecond}, {"c", 0}}},
+		{499 * time.Millisecond, []want{{"a", 1501 * time.Millisecond}, {"b", time.Millisecond}, {"c", 0}}},
+		{time.Millisecond, []want{{"a", 1500 * time.Millisecond}, {"b", 0}}},
+		{1499 * time.Millisecond, []want{{"a", time.Millisecond}, {"b", 0}}},
+		{time.Millisecond, []want{{"a", 0}, {"b", 0}, {"c", 0}}},
+		{time.Hour, []want{{"a", 0}}},
+	} {
+		fc.Advance(s.advance)
+		for _, w := range s.wants {
+			d, now := c.remaining(w.key, fc)
+			assert.Equal(t, w.left, d, "key %s at epoch+%v", w.key, fc.Now().Sub(coolEpoch))
+			assert.Equal(t, fc.Now(), now, "remaining returns the time it read")
+		}
+	}
+}
+
+func TestCooldownsPauseOnlyExtends(t *testing.T) {
+	now := coolEpoch
+	var c cooldowns
+	fc := clock.NewFake(now)
+	for i, s := range []struct {
+		until    time.Duration // from now
+		extended bool
+		left     time.Duration // the pause left afterwards
+	}{
+		{2 * time.Second, true, 2 * time.Second},
+		{time.Second, false, 2 * time.Second},     // shorter: ignored
+		{2 * time.Second, false, 2 * time.Second}, // the same: not an extension
+		{3 * time.Second, true, 3 * time.Second},
+		{-time.Second, false, 3 * time.Second},
+	} {
+		assert.Equal(t, s.extended, c.pause("k", now.Add(s.until), now), "step %d", i)
+		d, _ := c.remaining("k", fc)
+		assert.Equal(t, s.left, d, "step %d", i)
+	}
+	// Another key has its own pause.
+	assert.True(t, c.pause("other", now.Add(time.Second), now))
+	d, _ := c.remaining("other", fc)
+	assert.Equal(t, time.Second, d)
+}
+
+func TestCooldownsSweepDropsEndedPauses(t *testing.T) {
+	var c cooldowns
+	now := coolEpoch
+	// 60 short pauses and 4 long ones fill the table to the sweep size.
+	for i := range 60 {
+		require.True(t, c.pause(fmt.Sprintf("short-%d", i), now.Add(time.Second), now))
+	}
+	for i := range 4 {
+		require.True(t, c.pause(fmt.Sprintf("long-%d", i), now.Add(time.Hour), now))
+	}
+	c.mu.Lock()
+	assert.Len(t, c.until, 64, "ended pauses are dropped lazily, not before the table reaches the sweep size")
+	c.mu.Unlock()
+
+	// Past the short pauses, the next pause sweeps them out.
+	later := now.Add(2 * time.Second)
+	require.True(t, c.pause("new", later.Add(time.Second), later))
+	c.mu.Lock()
+	keys := make([]string, 0, len(c.until))
+	for k := range c.until {
+		keys = append(keys, k)
+	}
+	sweepAt := c.sweepAt
+	c.mu.Unlock()
+	assert.ElementsMatch(t, []string{"long-0", "long-1", "long-2", "long-3", "new"}, keys)
+	assert.Equal(t, 64, sweepAt, "the next sweep waits for the table to grow again")
+
+	fc := clock.NewFake(later)
+	for _, k := range []string{"short-0", "short-59"} {
+		d, _ := c.remaining(k, fc)
+		assert.Zero(t, d, "a swept key is not paused")
+	}
+	d, _ := c.remaining("long-2", fc)
+	assert.Equal(t, time.Hour-2*time.Second, d, "a pause still running survives the sweep")
+}
+
+func TestCooldownsSweepSizeGrowsWithTheTable(t *testing.T) {
+	var c cooldowns
+	now := coolEpoch
+	for i := range 200 {
+		require.True(t, c.pause(fmt.Sprintf("k%d", i), now.Add(time.Hour), now))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assert.Len(t, c.until, 200, "running pauses are never dropped")
+	assert.GreaterOrEqual(t, c.sweepAt, len(c.until)/2, "the sweep is amortised: not on every pause")
+}
+
+// coolCall is one call of Observer.OnCooldown or of Pauser.Pause.
+type coolCall struct {
+	key   string
+	until time.Time
+	err   error
+}
+
+// coolRecorder records OnCooldown, OnReject and OnWait.
+type coolRecorder struct {
+	mu      sync.Mutex
+	pauses  []coolCall
+	rejects []error
+	waits   []time.Duration
+}
+
+func (r *coolRecorder) observer() Observer {
+	return Observer{
+		OnCooldown: func(key string, until time.Time, err error) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.pauses = append(r.pauses, coolCall{key, until, err})
+		},
+		OnReject: func(_ string, err error) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.rejects = append(r.rejects, err)
+		},
+		OnWait: func(_ string, waited time.Duration) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.waits = append(r.waits, waited)
+		},
+	}
+}
+
+func (r *coolRecorder) snapshot() (pauses []coolCall, rejects []error, waits []time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append(pauses, r.pauses...), append(rejects, r.rejects...), append(waits, r.waits...)
+}
+
+func TestCooldownWhatPausesAKey(t *testing.T) {
+	tests := []struct {
+		name   string
+		answer rtyAnswer
+		retry  *RetryPolicy
+		want   time.Duration // the pause; 0 for none
+	}{
+		{"429 with Retry-After", rtyA(429, "Retry-After", "1"), nil, time.Second},
+		{"429 with a decimal Retry-After", rtyA(429, "Retry-After", "1.5"), nil, 1500 * time.Millisecond},
+		{"503 with Retry-After", rtyA(503, "Retry-After", "2"), nil, 2 * time.Second},
+		{"429 with an HTTP-date Retry-After", rtyA(429, "Retry-After", coolEpoch.Add(30*time.Second).Format(http.TimeFormat)), nil, 30 * time.Second},
+		{"200 with X-RateLimit-Remaining 0 and Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), nil, time.Second},
+		{"200 with an epoch X-RateLimit-Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", fmt.Sprint(coolEpoch.Add(4*time.Second).Unix())), nil, 4 * time.Second},
+		{"200 with the structured RateLimit field", rtyA(200, "RateLimit", `"default";r=0;t=5`), nil, 5 * time.Second},
+		{"Retry-After and a later reset: the later wins", rtyA(429, "Retry-After", "1", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "3"), nil, 3 * time.Second},
+		{"429 with Retry-After over the default cap: a minute", rtyA(429, "Retry-After", "86400"), nil, time.Minute},
+		{"429 with Retry-After over the policy's cap", rtyA(429, "Retry-After", "86400"), &RetryPolicy{MaxAttempts: 1, MaxRetryAfter: 2 * time.Second}, 2 * time.Second},
+		{"reset over the policy's cap", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "900"), &RetryPolicy{MaxAttempts: 1, MaxRetryAfter: 2 * time.Second}, 2 * time.Second},
+		{"200 with requests remaining: no pause", rtyA(200, "X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "1"), nil, 0},
+		{"Remaining 0 without a reset: no pause", rtyA(200, "X-RateLimit-Remaining", "0"), nil, 0},
+		{"429 without Retry-After: no pause", rtyA(429), nil, 0},
+		{"429 with Retry-After 0: no pause", rtyA(429, "Retry-After", "0"), nil, 0},
+		{"429 with a garbage Retry-After: no pause", rtyA(429, "Retry-After", "-5"), nil, 0},
+		{"500 with Retry-After: no pause", rtyA(500, "Retry-After", "1"), nil, 0},
+		{"200 with Retry-After: no pause", rtyA(200, "Retry-After", "1"), nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newRtyServer(t, rtyScript(tt.answer))
+			rec := &coolRecorder{}
+			opts := []Option{WithObserver(rec.observer())}
+			if tt.retry != nil {
+				opts = append(opts, WithRetry(*tt.retry))
+			}
+			tr, err := New(srv.transport(t), opts...)
+			require.NoError(t, err)
+			fc := clock.NewFake(coolEpoch)
+			tr.clock = fc
+
+			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
+			require.NoError(t, err)
+			assert.Equal(t, tt.answer.status, resp.StatusCode, "the response comes back as it is")
+			assert.Equal(t, fmt.Sprintf("attempt 1: %d", tt.answer.status), rtyRead(t, resp))
+			assert.Equal(t, 1, srv.count())
+
+			pauses, _, _ := rec.snapshot()
+			left, _ := tr.cool.remaining(srv.host(), fc)
+			assert.Equal(t, tt.want, left)
+			if tt.want == 0 {
+				assert.Empty(t, pauses)
+				return
+			}
+			assert.Equal(t, []coolCall{{key: srv.host(), until: coolEpoch.Add(tt.want)}}, pauses)
+		})
+	}
+}
+
+// coolPauser is a Limiter that also implements Pauser, as a fleet-wide
+// limiter would; it records the pauses it is told of.
+type coolPauser struct {
+	err error // what Pause returns
+
+	mu     sync.Mutex
+	waits  int
+	pauses []coolCall
+	ctxOK  []bool // whether Pause got the request's context
+}
+
+type coolCtxKey struct{}
+
+func (p *coolPauser) Wait(context.Context, string, int, time.Duration) (time.Duration, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waits++
+	return 0, nil
+}
+
+func (p *coolPauser) Pause(ctx context.Context, key string, until time.Time) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pauses = append(p.pauses, coolCall{key: key, until: until})
+	p.ctxOK = append(p.ctxOK, ctx.Value(coolCtxKey{}) == "the request's")
+	return p.err
+}
+
+func TestCooldownPauserReceivesPause(t *testing.T) {
+	tests := []struct {
+		name   string
+		answer rtyAnswer
+		err    error
+		want   time.Duration // 0: no Pause call
+	}{
+		{"429 with Retry-After", rtyA(429, "Retry-After", "3"), nil, 3 * time.Second},
+		{"503 with Retry-After", rtyA(503, "Retry-After", "2"), nil, 2 * time.Second},
+		{"rate-limit headers on a 200", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "4"), nil, 4 * time.Second},
+		{"the Pauser's error reaches OnCooldown", rtyA(429, "Retry-After", "3"), errors.New("redis: connection refused"), 3 * time.Second},
+		{"no Retry-After: no Pause", rtyA(429), nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newRtyServer(t, rtyScript(tt.answer))
+			lim := &coolPauser{err: tt.err}
+			rec := &coolRecorder{}
+			tr, err := New(srv.transport(t), WithLimiter(lim), WithObserver(rec.observer()))
+			require.NoError(t, err)
+			fc := clock.NewFake(coolEpoch)
+			tr.clock = fc
+			ctx := context.WithValue(context.Background(), coolCtxKey{}, "the request's")
+
+			resp, err := tr.RoundTrip(rtyRequest(t, ctx, http.MethodGet, srv.URL+"/v1", ""))
+			require.NoError(t, err, "a Pauser's error does not fail the request")
+			assert.Equal(t, tt.answer.status, resp.StatusCode)
+			rtyRead(t, resp)
+
+			lim.mu.Lock()
+			defer lim.mu.Unlock()
+			assert.Equal(t, 1, lim.waits)
+			pauses, _, _ := rec.snapshot()
+			if tt.want == 0 {
+				assert.Empty(t, lim.pauses)
+				assert.Empty(t, pauses)
+				return
+			}
+			until := coolEpoch.Add(tt.want)
+			assert.Equal(t, []coolCall{{key: srv.host(), until: until}}, lim.pauses)
+			assert.Equal(t, []bool{true}, lim.ctxOK, "Pause gets the request's context")
+			assert.Equal(t, []coolCall{{key: srv.host(), until: until, err: tt.err}}, pauses)
+			left, _ := tr.cool.remaining(srv.host(), fc)
+			assert.Equal(t, tt.want, left, "the local pause holds whatever the Pauser says")
+		})
+	}
+}
+
+func TestCooldownRefusesAWaitThatCannotFit(t *testing.T) {
+	tests := []struct {
+		name       string
+		maxWait    time.Duration
+		deadline   time.Duration // 0: none
+		wantReason Reason
+	}{
+		{"the deadline ends before the pause", 0, 300 * time.Millisecond, ReasonDeadline},
+		{"the pause is longer than the maximum wait", 500 * time.Millisecond, 0, ReasonMaxWait},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			paused := newRtyServer(t, rtyScript(rtyA(429, "Retry-After", "1"), rtyA(200)))
+			other := newRtyServer(t, rtyScript(rtyA(200)))
+			base := paused.transport(t)
+			rec := &coolRecorder{}
+			opts := []Option{WithObserver(rec.observer())}
+			if tt.maxWait > 0 {
+				opts = append(opts, WithMaxWait(tt.maxWait))
+			}
+			tr, err := New(base, opts...)
+			require.NoError(t, err)
+			// A fake clock that reads the wall clock's time: the pause is
+			// exactly a second, and the context's deadline is real.
+			fc := clock.NewFake(time.Now())
+			tr.clock = fc
+
+			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, paused.URL+"/v1", ""))
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+			rtyRead(t, resp)
+
+			ctx := context.Background()
+			if tt.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.deadline)
+				defer cancel()
+			}
+			body := &coolSpyBody{Reader: strings.NewReader("amount=5")}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, paused.URL+"/v1", body)
+			require.NoError(t, err)
+			start := time.Now()
+			resp, err = tr.RoundTrip(req)
+			elapsed := time.Since(start)
+
+			require.Error(t, err)
+			assert.Nil(t, resp)
+			assert.Less(t, elapsed, rtyPromptly, "refused at once, not after waiting")
+			assert.ErrorIs(t, err, ErrRateLimited)
+			var le *LimitError
+			require.ErrorAs(t, err, &le)
+			assert.Equal(t, LimitError{Key: paused.host(), Cost: 1, Reason: tt.wantReason, Wait: time.Second}, *le)
+			assert.True(t, body.closed.Load(), "the refused request's body is closed")
+			assert.Equal(t, 1, paused.count(), "the refused request is not sent")
+			_, rejects, _ := rec.snapshot()
+			require.Len(t, rejects, 1)
+			var rejected *LimitError
+			require.ErrorAs(t, rejects[0], &rejected)
+			assert.Same(t, le, rejected, "OnReject gets the error RoundTrip returns")
+
+			// Another key is not paused.
+			req, err = http.NewRequestWithContext(ctx, http.MethodGet, other.URL+"/v1", nil)
+			require.NoError(t, err)
+			resp, err = tr.RoundTrip(req)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			rtyRead(t, resp)
+		})
+	}
+}
+
+// coolSpyBody is a request body that records whether it was closed.
+type coolSpyBody struct {
+	*strings.Reader
+	closed atomic.Bool
+}
+
+func (b *coolSpyBody) Close() error { b.closed.Store(true); return nil }
+
+func TestCooldownCancelWhileWaitingOutAPause(t *testing.T) {
+	srv := newRtyServer(t, rtyScript(rtyA(429, "Retry-After", "5"), rtyA(200)))
+	tr, err := New(srv.transport(t))
+	require.NoError(t, err)
+	fc := clock.NewFake(time.Now())
+	tr.clock = fc
+
+	resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
+	require.NoError(t, err)
+	rtyRead(t, resp)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	req := rtyRequest(t, ctx, http.MethodGet, srv.URL+"/v1", "")
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if resp != nil {
+			resp.Body.Close()
+			err = fmt.Errorf("got a response, status %d", resp.StatusCode)
+		}
+		done <- err
+	}()
+	if !rtyWaitTimers(fc, 1, 10*time.Second) {
+		cancel()
+		<-done
+		t.Fatal("the second request did not wait out the pause")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, context.Canceled)
+		var le *LimitError
+		assert.False(t, errors.As(err, &le), "a cancelled wait is the context's error, not a refusal")
+	case <-time.After(5 * time.Second):
+		fc.Advance(time.Hour)
+		<-done
+		t.Fatal("cancelling did not end the wait")
+	}
+	assert.Equal(t, 1, srv.count())
+	assert.Zero(t, fc.Timers(), "the pause's timer is stopped")
+}
+
+func TestRealTimeCooldownHoldsTheKey(t *testing.T) {
+	tests := []struct {
+		name  string
+		first rtyAnswer
+	}{
+		{"429 with Retry-After: 1", rtyA(429, "Retry-After", "1")},
+		{"200 with X-RateLimit-Remaining: 0 and X-RateLimit-Reset: 1", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			paused := newRtyServer(t, rtyScript(tt.first, rtyA(200)))
+			other := newRtyServer(t, rtyScript(rtyA(200)))
+			rec := &coolRecorder{}
+			tr, err := New(paused.transport(t), WithObserver(rec.observer())) // no WithRetry
+			require.NoError(t, err)
+
+			before := time.Now()
+			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, paused.URL+"/v1", ""))
+			require.NoError(t, err)
+			assert.Equal(t, tt.first.status, resp.StatusCode)
+			rtyRead(t, resp)
+			after := time.Now()
+			require.Equal(t, 1, paused.count(), "without WithRetry nothing is retried")
+
+			pauses, _, _ := rec.snapshot()
+			require.Len(t, pauses, 1)
+			assert.Equal(t, paused.host(), pauses[0].key)
+			until := pauses[0].until
+			assert.False(t, until.Before(before.Add(time.Second)), "paused for the second asked")
+			assert.False(t, until.After(after.Add(time.Second)), "and no longer")
+
+			// Then two requests from other goroutines: one to the paused
+			// key, one to another key.
+			type result struct {
+				start, end time.Time
+				err        error
+			}
+			send := func(target string, out chan<- result) {
+				start := time.Now()
+				req, err := http.NewRequest(http.MethodGet, target, nil)
+				if err == nil {
+					var resp *http.Response
+					if resp, err = tr.RoundTrip(req); err == nil {
+						resp.Body.Close()
+						if resp.StatusCode != http.StatusOK {
+							err = fmt.Errorf("status %d", resp.StatusCode)
+						}
+					}
+				}
+				out <- result{start, time.Now(), err}
+			}
+			onPaused, onOther := make(chan result, 1), make(chan result, 1)
+			go send(paused.URL+"/v1", onPaused)
+			go send(other.URL+"/v1", onOther)
+			rp, ro := <-onPaused, <-onOther
+
+			require.NoError(t, rp.err)
+			require.NoError(t, ro.err)
+			held := rp.end.Sub(rp.start)
+			assert.GreaterOrEqual(t, held, until.Sub(rp.start)-time.Millisecond, "held until the pause ends")
+			assert.Greater(t, held, 700*time.Millisecond, "held about a second")
+			assert.Less(t, held, 1800*time.Millisecond, "and not much more")
+			assert.Less(t, ro.end.Sub(ro.start), 500*time.Millisecond, "another key is not held")
+
+			hits := paused.arrivals()
+			require.Len(t, hits, 2)
+			assert.GreaterOrEqual(t, hits[1].at.Sub(hits[0].at), time.Second-5*time.Millisecond, "measured at the server")
+			assert.False(t, hits[1].at.Before(until.Add(-5*time.Millisecond)), "nothing reaches the server before the pause ends")
+			_, _, waits := rec.snapshot()
+			require.Len(t, waits, 1, "OnWait reports the held request")
+			assert.InDelta(t, float64(until.Sub(rp.start)), float64(waits[0]), float64(50*time.Millisecond))
+		})
+	}
+}
