@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
@@ -31,9 +32,10 @@ import (
 // process; for a fleet, see the shared limiters. A LeakyBucket is safe for
 // simultaneous use by multiple goroutines.
 type LeakyBucket struct {
-	rate  Rate
-	depth int
-	clock clock.Clock
+	rate   Rate
+	depth  int
+	clock  clock.Clock
+	policy atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
 
 	mu    sync.Mutex
 	lanes keyed[*lane] // guarded by mu
@@ -41,9 +43,10 @@ type LeakyBucket struct {
 
 // lane is one key's queue. All its fields are guarded by the bucket's mu.
 type lane struct {
-	next   time.Time // the earliest time the next release may happen
-	queue  []*waiter // waiting requests, in order of arrival; queue[0] is the head
-	queued int       // the sum of the costs in queue
+	next   time.Time   // the earliest time the next release may happen
+	queue  []*waiter   // waiting requests, in order of arrival; queue[0] is the head
+	queued int         // the sum of the costs in queue
+	adapt  *adaptState // nil while the key has learnt nothing
 }
 
 // waiter is a request in a lane's queue. Only its own goroutine releases it.
@@ -52,7 +55,9 @@ type waiter struct {
 	head chan struct{} // closed when the waiter becomes the head of the queue
 }
 
-func (l *lane) atRest(now time.Time) bool { return len(l.queue) == 0 && !l.next.After(now) }
+func (l *lane) atRest(now time.Time) bool {
+	return len(l.queue) == 0 && !l.next.After(now) && (l.adapt == nil || l.adapt.atRest(now))
+}
 
 // NewLeakyBucket returns a leaky bucket per key that releases at rate r and
 // queues up to queueDepth cost units per key. A depth of 0 means no queue: a
@@ -121,12 +126,13 @@ func (lb *LeakyBucket) arrive(key string, cost int, b budget) (w *waiter, now ti
 	defer lb.mu.Unlock()
 	now = lb.clock.Now() // read under mu, so that releases are in time order
 	l := lb.lane(key, now)
+	r := effective(l.adapt, lb.rate, now)
 	if len(l.queue) == 0 && !l.next.After(now) {
-		l.next = now.Add(durationOf(cost, lb.rate))
+		l.next = now.Add(durationOf(cost, r))
 		return nil, now, nil
 	}
 	// Released at the later of next and now, after everyone ahead.
-	wait := max(l.next.Sub(now), 0) + durationOf(l.queued, lb.rate)
+	wait := max(l.next.Sub(now), 0) + durationOf(l.queued, r)
 	if l.queued+cost > lb.depth {
 		return nil, now, &LimitError{Key: key, Cost: cost, Reason: ReasonQueueFull, Wait: wait}
 	}
@@ -161,7 +167,7 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 	if l.next.After(now) {
 		return l.next.Sub(now), now, false
 	}
-	gap := durationOf(w.cost, lb.rate)
+	gap := durationOf(w.cost, effective(l.adapt, lb.rate, now))
 	at = l.next
 	if now.Sub(at) > gap {
 		at = now
@@ -199,4 +205,36 @@ func (lb *LeakyBucket) lane(key string, now time.Time) *lane {
 	l := &lane{}
 	lb.lanes.put(key, l)
 	return l
+}
+
+// Rate returns the configured rate.
+func (lb *LeakyBucket) Rate() Rate { return lb.rate }
+
+// EffectiveRate returns the rate key is released at now: the configured
+// rate, or lower when the provider advertised a lower limit or, in adaptive
+// mode, throttled the key (see WithAdaptive).
+func (lb *LeakyBucket) EffectiveRate(key string) Rate {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	l, ok := lb.lanes.m[key]
+	if !ok {
+		return lb.rate
+	}
+	return effective(l.adapt, lb.rate, lb.clock.Now())
+}
+
+func (lb *LeakyBucket) setAdaptive(p AdaptivePolicy) { lb.policy.Store(&p) }
+
+// learn applies what a response taught about key's limit.
+func (lb *LeakyBucket) learn(_ context.Context, key string, ls lesson) (old, new float64, err error) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	now := lb.clock.Now()
+	l := lb.lane(key, now)
+	if l.adapt == nil {
+		l.adapt = &adaptState{configured: lb.rate.PerSecond(), policy: lb.policy.Load()}
+	}
+	old = l.adapt.rate(now)
+	l.adapt.learn(now, ls)
+	return old, l.adapt.rate(now), nil
 }

@@ -64,8 +64,10 @@ func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst 
 	if err != nil {
 		return nil, err
 	}
-	s.shape, s.burst, s.capacity, s.queue = "tb", burst, burst, -1
-	s.local = func(share Rate, live int) Limiter { return newTokenBucket(share, max(1, burst/live)) }
+	s.shape, s.burst, s.capacity, s.depth = "tb", burst, burst, -1
+	// The fallback keeps the whole burst, so that every cost granted in
+	// shared mode is still granted while Redis is down.
+	s.local = func(share Rate) Limiter { return newTokenBucket(share, burst) }
 	s.start()
 	return &SharedTokenBucket{s}, nil
 }
@@ -82,12 +84,8 @@ func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueD
 	if err != nil {
 		return nil, err
 	}
-	s.shape, s.burst, s.capacity = "lb", 0, max(queueDepth, 1)
-	s.queue = micros(durationOf(queueDepth, r))
-	if queueDepth == 0 {
-		s.queue = 0
-	}
-	s.local = func(share Rate, _ int) Limiter { return newLeakyBucket(share, queueDepth) }
+	s.shape, s.burst, s.capacity, s.depth = "lb", 0, max(queueDepth, 1), queueDepth
+	s.local = func(share Rate) Limiter { return newLeakyBucket(share, queueDepth) }
 	s.start()
 	return &SharedLeakyBucket{s}, nil
 }
@@ -181,17 +179,17 @@ type shared struct {
 	name     string
 	shape    string // "tb" or "lb", in key names
 	rate     Rate
-	interval float64 // microseconds per cost unit
-	burst    int     // 0 for the pacer
-	capacity int     // the largest cost ever granted
-	queue    int64   // pacer: the longest wait in us; -1 for none
+	burst    int // 0 for the pacer
+	capacity int // the largest cost ever granted
+	depth    int // pacer: the queue depth in cost units; -1 for none
 	cfg      sharedConfig
 	id       string // this instance, in the fleet's heartbeat set
 	clock    clock.Clock
-	local    func(share Rate, live int) Limiter // the fallback at a share of the rate
+	local    func(share Rate) Limiter // the fallback at a share of the rate
 	coalesce bool                               // false only in measurements
 
-	reserveScript, pauseScript, heartbeatScript *redis.Script
+	reserveScript, pauseScript, heartbeatScript, learnScript *redis.Script
+	policy                                                   atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
 
 	roundTrips, admitted atomic.Int64
 	live                 atomic.Int64
@@ -200,6 +198,7 @@ type shared struct {
 	mu     sync.Mutex
 	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
 	pauses map[string]pauseMark // guarded by mu; pauses heard of, by key id
+	learnt keyed[*learntRate]   // guarded by mu; the rates keys were last seen held to, by key id
 
 	stop chan struct{}
 	done chan struct{}
@@ -239,12 +238,13 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 	rand.Read(id[:])
 	s := &shared{
 		rdb: rdb, name: name, rate: r, cfg: cfg, id: hex.EncodeToString(id[:]),
-		interval:        float64(r.per) / float64(time.Microsecond) / r.n,
 		clock:           clock.Real{},
 		coalesce:        true,
 		reserveScript:   redis.NewScript(lua.Reserve),
 		pauseScript:     redis.NewScript(lua.Pause),
 		heartbeatScript: redis.NewScript(lua.Heartbeat),
+		learnScript:     redis.NewScript(lua.Learn),
+		learnt:          newKeyed[*learntRate](),
 		lanes:           newKeyed[*batchLane](),
 		pauses:          make(map[string]pauseMark),
 		stop:            make(chan struct{}),
@@ -266,7 +266,7 @@ func keyID(key string) string {
 // different keys spread over the Cluster.
 func (s *shared) redisKeys(id string) []string {
 	tag := "egress:{" + s.name + ":" + id + "}:"
-	return []string{tag + s.shape, tag + "pause"}
+	return []string{tag + s.shape, tag + "pause", tag + "rate"}
 }
 
 func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }
@@ -282,7 +282,6 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		return 0, err
 	}
 	id := keyID(key)
-	b := waitBudget(ctx, maxWait)
 	start := s.clock.Now()
 	for {
 		if fb := s.fallback.Load(); fb != nil {
@@ -294,6 +293,7 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 			return waited + w, err
 		}
 		reservedAt := s.clock.Now()
+		b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
 		rep := s.reserve(ctx, id, cost, b, reservedAt)
 		switch {
 		case rep.err != nil && ctx.Err() != nil:
@@ -347,7 +347,7 @@ func (s *shared) Pause(ctx context.Context, key string, until time.Time) error {
 	id := keyID(key)
 	s.heard(id, until, now)
 	err := s.do(ctx, func(ctx context.Context) error {
-		return s.pauseScript.Run(ctx, s.rdb, s.redisKeys(id)[1:], micros(d), s.channel(), id).Err()
+		return s.pauseScript.Run(ctx, s.rdb, s.redisKeys(id)[1:2], micros(d), s.channel(), id).Err()
 	})
 	if err != nil {
 		return fmt.Errorf("egress: shared limiter %s: pause: %w", s.name, err)
@@ -400,7 +400,7 @@ func (s *shared) failed(err error) {
 	if share == (Rate{}) {
 		share = Rate{n: s.rate.n / float64(live), per: s.rate.per}
 	}
-	if s.fallback.CompareAndSwap(nil, &fallbackState{limiter: s.local(share, live)}) && s.cfg.onFallback != nil {
+	if s.fallback.CompareAndSwap(nil, &fallbackState{limiter: s.local(share)}) && s.cfg.onFallback != nil {
 		s.cfg.onFallback(s.name, true, err)
 	}
 }

@@ -69,6 +69,25 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		l = &batchLane{}
 		s.lanes.put(id, l)
 	}
+	// No turn comes before the last one this process holds: a request that
+	// cannot wait that long is refused at once, not after the lead's call.
+	// (Its turn is at least its own cost after the last held one in a
+	// token bucket, at least one unit after it in a pacer.)
+	if l.held.After(now) {
+		after := cost
+		if s.burst == 0 {
+			after = 1
+		}
+		wait := l.held.Sub(now) + durationOf(after, s.rate)
+		switch {
+		case s.depth >= 0 && wait > durationOf(s.depth, s.rate):
+			s.mu.Unlock()
+			return reserved{code: 2, wait: wait}
+		case !p.limit.IsZero() && now.Add(wait).After(p.limit):
+			s.mu.Unlock()
+			return reserved{code: 1, wait: wait}
+		}
+	}
 	l.queue = append(l.queue, p)
 	if !l.leading {
 		l.leading = true
@@ -134,8 +153,9 @@ func (s *shared) lead(id string, l *batchLane) {
 
 // runReserve runs the reservation script for batch: one round trip.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
-	args := make([]any, 0, 3+2*len(batch))
-	args = append(args, s.interval, s.burst, s.queue)
+	args := make([]any, 0, 6+2*len(batch))
+	args = append(args, s.rate.PerSecond(), s.burst, s.depth)
+	args = s.adaptiveArgs(args)
 	now := s.clock.Now()
 	for _, p := range batch {
 		maxWait := int64(-1) // none
@@ -154,10 +174,11 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
-	results, err := parseReserve(reply, len(batch))
+	results, rate, err := parseReserve(reply, len(batch))
 	if err != nil {
 		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
+	s.seen(id, rate)
 	for _, r := range results {
 		if r.code == 0 {
 			s.admitted.Add(1)
@@ -166,23 +187,28 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 	return results, nil
 }
 
-// parseReserve checks and reads the script's reply: the pause left, then a
-// (code, wait) pair a request. A malformed reply is an error, never a panic.
-func parseReserve(reply any, n int) ([]reserved, error) {
+// parseReserve checks and reads the script's reply: the pause left, the
+// key's rate in thousandths of a unit per second, then a (code, wait) pair a
+// request. A malformed reply is an error, never a panic.
+func parseReserve(reply any, n int) ([]reserved, float64, error) {
 	vals, ok := reply.([]any)
-	if !ok || len(vals) != 1+2*n {
-		return nil, fmt.Errorf("malformed reply %v: want %d integers", reply, 1+2*n)
+	if !ok || len(vals) != 2+2*n {
+		return nil, 0, fmt.Errorf("malformed reply %v: want %d integers", reply, 2+2*n)
+	}
+	milli, ok := vals[1].(int64)
+	if !ok || milli <= 0 {
+		return nil, 0, fmt.Errorf("malformed reply %v: rate", reply)
 	}
 	out := make([]reserved, n)
 	for i := range out {
-		code, ok1 := vals[1+2*i].(int64)
-		wait, ok2 := vals[2+2*i].(int64)
+		code, ok1 := vals[2+2*i].(int64)
+		wait, ok2 := vals[3+2*i].(int64)
 		if !ok1 || !ok2 || code < 0 || code > 2 || wait < 0 {
-			return nil, fmt.Errorf("malformed reply %v at request %d", reply, i)
+			return nil, 0, fmt.Errorf("malformed reply %v at request %d", reply, i)
 		}
 		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond}
 	}
-	return out, nil
+	return out, float64(milli) / 1000, nil
 }
 
 // do runs f with the command timeout. It returns when the timeout passes

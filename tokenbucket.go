@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -29,9 +30,11 @@ import (
 // The limit holds within one process. For a fleet, see the shared limiters.
 // A TokenBucket is safe for simultaneous use by multiple goroutines.
 type TokenBucket struct {
-	limit rate.Limit
-	burst int
-	clock clock.Clock
+	rate   Rate
+	limit  rate.Limit
+	burst  int
+	clock  clock.Clock
+	policy atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
 
 	mu      sync.RWMutex
 	buckets keyed[*tokenBucket] // guarded by mu
@@ -40,12 +43,15 @@ type TokenBucket struct {
 // tokenBucket is one key's bucket. x/time/rate needs the times it is given in
 // order, so the clock is read under mu.
 type tokenBucket struct {
-	mu  sync.Mutex
-	lim *rate.Limiter
+	mu    sync.Mutex
+	lim   *rate.Limiter
+	adapt *adaptState // guarded by mu; nil while the key has learnt nothing
 }
 
 func (b *tokenBucket) atRest(now time.Time) bool {
-	return b.lim.TokensAt(now) >= float64(b.lim.Burst())
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.adapt == nil || b.adapt.atRest(now))
 }
 
 // NewTokenBucket returns a token bucket per key with refill rate r and
@@ -63,6 +69,7 @@ func NewTokenBucket(r Rate, burst int) (*TokenBucket, error) {
 // newTokenBucket is NewTokenBucket for settings known to be valid.
 func newTokenBucket(r Rate, burst int) *TokenBucket {
 	return &TokenBucket{
+		rate:    r,
 		limit:   rate.Limit(r.PerSecond()),
 		burst:   burst,
 		clock:   clock.Real{},
@@ -111,7 +118,7 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *r
 		bk.mu.Lock()
 		now := tb.clock.Now()
 		if !tb.buckets.sweepDue(now) {
-			r, delay, err := take(bk.lim, now, key, cost, b)
+			r, delay, err := bk.take(now, key, cost, b)
 			bk.mu.Unlock()
 			tb.mu.RUnlock()
 			return bk, r, delay, err
@@ -123,12 +130,19 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *r
 	defer tb.mu.Unlock()
 	now := tb.clock.Now()
 	bk := tb.bucket(key, now)
-	r, delay, err := take(bk.lim, now, key, cost, b)
+	r, delay, err := bk.take(now, key, cost, b)
 	return bk, r, delay, err
 }
 
-// take takes cost tokens from lim at now; see reserve.
-func take(lim *rate.Limiter, now time.Time, key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
+// take takes cost tokens from the bucket at now, at the rate the key has
+// learnt; see reserve. The caller holds b.mu or the write lock.
+func (bk *tokenBucket) take(now time.Time, key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
+	lim := bk.lim
+	if bk.adapt != nil {
+		if l := rate.Limit(bk.adapt.rate(now)); l != lim.Limit() {
+			lim.SetLimitAt(now, l)
+		}
+	}
 	if lim.AllowN(now, cost) {
 		return nil, 0, nil
 	}
@@ -150,4 +164,56 @@ func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst)}
 	tb.buckets.put(key, b)
 	return b
+}
+
+// Rate returns the configured rate.
+func (tb *TokenBucket) Rate() Rate { return tb.rate }
+
+// EffectiveRate returns the rate key is held to now: the configured rate,
+// or lower when the provider advertised a lower limit or, in adaptive mode,
+// throttled the key (see WithAdaptive).
+func (tb *TokenBucket) EffectiveRate(key string) Rate {
+	tb.mu.RLock()
+	defer tb.mu.RUnlock()
+	bk, ok := tb.buckets.m[key]
+	if !ok {
+		return tb.rate
+	}
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	return effective(bk.adapt, tb.rate, tb.clock.Now())
+}
+
+func (tb *TokenBucket) setAdaptive(p AdaptivePolicy) { tb.policy.Store(&p) }
+
+// learn applies what a response taught about key's limit.
+func (tb *TokenBucket) learn(_ context.Context, key string, l lesson) (old, new float64, err error) {
+	tb.mu.RLock()
+	if bk, ok := tb.buckets.m[key]; ok {
+		bk.mu.Lock()
+		old, new = tb.apply(bk, l)
+		bk.mu.Unlock()
+		tb.mu.RUnlock()
+		return old, new, nil
+	}
+	tb.mu.RUnlock()
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	old, new = tb.apply(tb.bucket(key, tb.clock.Now()), l)
+	return old, new, nil
+}
+
+// apply applies l to bk. The caller holds bk.mu or the write lock.
+func (tb *TokenBucket) apply(bk *tokenBucket, l lesson) (old, new float64) {
+	now := tb.clock.Now()
+	if bk.adapt == nil {
+		bk.adapt = &adaptState{configured: tb.rate.PerSecond(), policy: tb.policy.Load()}
+	}
+	old = bk.adapt.rate(now)
+	bk.adapt.learn(now, l)
+	new = bk.adapt.rate(now)
+	if new != old {
+		bk.lim.SetLimitAt(now, rate.Limit(new))
+	}
+	return old, new
 }

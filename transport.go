@@ -52,6 +52,8 @@ type Transport struct {
 	cool          cooldowns
 	clock         clock.Clock
 	rand          func() float64 // the backoff's random source; nil: math/rand/v2
+	adjuster      rateAdjuster   // the limiter, when its rate can be lowered; nil otherwise
+	adaptive      bool           // WithAdaptive: throttling responses lower the rate
 }
 
 // Option configures a Transport in New.
@@ -68,6 +70,8 @@ type config struct {
 	maxWait  time.Duration
 	observer Observer
 	retry    *RetryPolicy
+	adaptive *AdaptivePolicy
+	noAdvert bool
 	errs     []error
 }
 
@@ -136,6 +140,26 @@ func WithRetry(p RetryPolicy) Option {
 	})
 }
 
+// WithAdaptive turns on the discovery of a provider's unadvertised limit:
+// each throttling response (429, or 503 with Retry-After) lowers the key's
+// rate by p.Beta, and the rate climbs back toward the configured one while
+// no throttling comes (CUBIC, as the AWS SDKs' adaptive retry mode does),
+// never below p.Floor. Throttling responses to requests sent before the last
+// decrease count once. With a shared limiter the rate lives in Redis, so one
+// instance's 429 lowers the fleet's rate. It needs a limiter of this package
+// (WithLimiter); an invalid field is an error naming it. Default: off.
+func WithAdaptive(p AdaptivePolicy) Option {
+	return optionFunc(func(c *config) { c.adaptive = &p })
+}
+
+// WithoutAdvertisedLimits makes the Transport ignore the limits providers
+// advertise (RateLimit-Policy, X-RateLimit-Limit with a window, ...). By
+// default a key's rate is lowered to the advertised limit when that is below
+// the configured rate.
+func WithoutAdvertisedLimits() Option {
+	return optionFunc(func(c *config) { c.noAdvert = true })
+}
+
 // WithObserver sets hooks that the Transport calls as requests wait, are
 // refused and are sent. Default: none. Hooks run on the request's goroutine
 // and must be quick and safe for concurrent use.
@@ -165,6 +189,11 @@ type Observer struct {
 	// OnBudgetExhausted is called when a retry is not made because the
 	// retry budget is spent.
 	OnBudgetExhausted func(key string)
+	// OnRateChange is called when a response changes the rate key is held
+	// to; why is "advertised" (the provider stated its limit) or "throttled"
+	// (adaptive mode lowered it). Rates in between, as adaptive mode climbs
+	// back, are read with the limiter's EffectiveRate.
+	OnRateChange func(key string, old, new Rate, why string)
 }
 
 // New returns a Transport that sends requests through base, which defaults
@@ -203,6 +232,21 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		t.maxRetryAfter = t.retry.MaxRetryAfter
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
 	}
+	adj, ok := c.limiter.(rateAdjuster)
+	if ok && !c.noAdvert {
+		t.adjuster = adj
+	}
+	if c.adaptive != nil {
+		if !ok {
+			return nil, configError("WithAdaptive: limiter", fmt.Sprintf("%T", c.limiter), "adaptive mode needs a limiter of this package")
+		}
+		p, err := c.adaptive.withDefaults(adj.Rate())
+		if err != nil {
+			return nil, err
+		}
+		adj.setAdaptive(p)
+		t.adjuster, t.adaptive = adj, true
+	}
 	return t, nil
 }
 
@@ -235,11 +279,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := t.admit(r.Context(), key, cost); err != nil {
 			return nil, t.reject(r, key, err)
 		}
+		var sentAt time.Time // read only in adaptive mode, which needs it
+		if t.adaptive {
+			sentAt = t.clock.Now()
+		}
 		resp, err := t.base.RoundTrip(r)
 		if t.obs.OnSent != nil {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
-		asked := t.learn(r.Context(), key, resp)
+		asked := t.learn(r.Context(), key, resp, sentAt)
 		delay, next := t.plan(req, key, attempt, resp, err, asked, start, &backoff)
 		switch next {
 		case stop:
@@ -315,28 +363,52 @@ type asked struct {
 
 // learn reads what resp says about the provider's limit: a 429 or 503 with
 // Retry-After, or rate-limit headers saying nothing is left until a reset,
-// pause the key until then (capped by MaxRetryAfter).
-func (t *Transport) learn(ctx context.Context, key string, resp *http.Response) asked {
+// pause the key until then (capped by MaxRetryAfter); an advertised limit,
+// or in adaptive mode a throttling response, lowers the key's rate. sentAt
+// is when the request was sent (read in adaptive mode only).
+func (t *Transport) learn(ctx context.Context, key string, resp *http.Response, sentAt time.Time) asked {
 	if resp == nil || len(resp.Header) == 0 {
 		return asked{}
 	}
 	var a asked
 	now := t.clock.Now()
 	var until time.Time
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+	throttled := resp.StatusCode == http.StatusTooManyRequests
+	if throttled || resp.StatusCode == http.StatusServiceUnavailable {
 		// One nanosecond over the cap tells "too long" from "exactly the cap".
 		if d, ok := parseRetryAfter(resp.Header.Values("Retry-After"), now, t.maxRetryAfter+1); ok {
 			a = asked{retryAfter: min(d, t.maxRetryAfter), hasRetryAfter: true, tooLong: d > t.maxRetryAfter}
 			until = now.Add(a.retryAfter)
+			throttled = true
 		}
 	}
-	if rl := parseRateLimit(resp.Header, now, t.maxRetryAfter); rl.HasRemaining && rl.Remaining == 0 && rl.HasReset {
+	rl := parseRateLimit(resp.Header, now, t.maxRetryAfter)
+	if rl.HasRemaining && rl.Remaining == 0 && rl.HasReset {
 		until = maxTime(until, now.Add(rl.Reset))
 	}
 	if until.After(now) {
 		t.pause(ctx, key, until, now)
 	}
+	if t.adjuster != nil {
+		t.adjust(ctx, key, lesson{advertised: advertisedRate(rl), throttled: throttled && t.adaptive, sentAt: sentAt})
+	}
 	return a
+}
+
+// adjust teaches the limiter what a response said about key's limit.
+func (t *Transport) adjust(ctx context.Context, key string, l lesson) {
+	if l.advertised == 0 && !l.throttled {
+		return
+	}
+	old, new, err := t.adjuster.learn(context.WithoutCancel(ctx), key, l)
+	if err != nil || old == new || t.obs.OnRateChange == nil {
+		return
+	}
+	why := "advertised"
+	if new < old && l.throttled {
+		why = "throttled"
+	}
+	t.obs.OnRateChange(key, PerSecond(old), PerSecond(new), why)
 }
 
 // pause holds key until until, in this Transport and, when the limiter is a

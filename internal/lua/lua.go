@@ -5,10 +5,21 @@ package lua
 
 import _ "embed"
 
-// Reserve admits a batch of requests on one key (token bucket or pacer).
-//
+//go:embed rate.lua
+var rate string
+
 //go:embed reserve.lua
-var Reserve string
+var reserve string
+
+//go:embed learn.lua
+var learn string
+
+// Reserve admits a batch of requests on one key (token bucket or pacer), at
+// the rate the key has learnt.
+var Reserve = rate + reserve
+
+// Learn applies an advertised limit or a throttling response to a key.
+var Learn = rate + learn
 
 // Pause holds a key for every instance.
 //

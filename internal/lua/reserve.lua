@@ -1,33 +1,36 @@
 -- reserve: one atomic decision for a batch of requests on one key, on the
--- Redis server's clock. It is a token bucket kept as a theoretical arrival
--- time (GCRA): the bucket is full again at tat.
+-- Redis server's clock (follows rate.lua). It is a token bucket kept as a
+-- theoretical arrival time (GCRA): the bucket is full again at tat.
 --
 -- KEYS[1]  the bucket's tat, in microseconds of server time
 -- KEYS[2]  the key's pause: no admission before this server time (us)
--- ARGV[1]  interval: microseconds per cost unit (1/rate)
+-- KEYS[3]  the key's learnt limit (see rate.lua)
+-- ARGV[1]  the configured rate, units per second
 -- ARGV[2]  burst in cost units; 0 makes a pacer (each request's own cost is
---          its burst: releases spaced cost*interval apart, never a burst)
--- ARGV[3]  queue limit: the longest wait, in us, before a request is refused
---          as "queue full"; -1 for none
--- ARGV[4], ARGV[5], ...  pairs of (cost, max wait in us; -1 for none), one
+--          its burst: releases spaced cost/rate apart, never a burst)
+-- ARGV[3]  queue depth in cost units: a request whose wait is longer than
+--          depth/rate is refused as "queue full"; -1 for none
+-- ARGV[4], ARGV[5], ARGV[6]  adaptive mode's beta, C and floor (units per
+--          second); beta 0 when adaptive mode is off
+-- ARGV[7], ARGV[8], ...  pairs of (cost, max wait in us; -1 for none), one
 --          pair a request, served in order
 --
--- Returns a flat array: the pause left in us (0 when none), then a pair a
--- request: (code, wait in us), code 0 = admitted after wait, 1 = refused
--- because wait exceeds its max wait, 2 = refused because the queue is full.
--- A refused request takes nothing.
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval = tonumber(ARGV[1])
+-- Returns a flat array: the pause left in us (0 when none), the key's rate
+-- in thousandths of a unit per second, then a pair a request: (code, wait in
+-- us), code 0 = admitted after wait, 1 = refused because wait exceeds its
+-- max wait, 2 = refused because the queue is full. A refused request takes
+-- nothing.
+local rate = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+local interval = 1000000 / rate
 local burst = tonumber(ARGV[2])
-local queue = tonumber(ARGV[3])
+local queue = -1
+if tonumber(ARGV[3]) >= 0 then queue = tonumber(ARGV[3]) * interval end
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local start = math.max(now, pause)
-local out = {math.max(0, math.ceil(pause - now))}
+local out = {math.max(0, math.ceil(pause - now)), math.floor(rate * 1000)}
 local changed = false
-for i = 4, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst
