@@ -214,7 +214,7 @@ type fallbackState struct {
 type pauseMark struct{ until, heard time.Time }
 
 func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts []SharedOption) (*shared, error) {
-	if rdb == nil {
+	if rdb == nil || isNilPointer(rdb) {
 		return nil, configError(op+": rdb", "nil", "the Redis client must not be nil")
 	}
 	if !sharedNameRE.MatchString(name) {
@@ -345,10 +345,12 @@ func (s *shared) Pause(ctx context.Context, key string, until time.Time) error {
 		return nil
 	}
 	id := keyID(key)
-	s.heard(id, until, now)
 	err := s.do(ctx, func(ctx context.Context) error {
 		return s.pauseScript.Run(ctx, s.rdb, s.redisKeys(id)[1:2], micros(d), s.channel(), id).Err()
 	})
+	// Heard once the script has run: a turn reserved before then may have
+	// been given inside the pause, and is given up.
+	s.heard(id, until, s.clock.Now())
 	if err != nil {
 		return fmt.Errorf("egress: shared limiter %s: pause: %w", s.name, err)
 	}
