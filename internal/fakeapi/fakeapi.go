@@ -1,135 +1,152 @@
 // Package fakeapi is a Stripe-like payments API on 127.0.0.1 that enforces
-// its own rate limit over all its callers, the way a provider does: a token
-// bucket of Rate per second and Burst, and 429 Too Many Requests with
-// Retry-After and rate-limit headers when it is crossed. It counts what it
-// saw. Tests and the example use it as the upstream.
+// its own rate limit over all its callers, the way a provider does. Tests
+// and the stripe-like example use it as the upstream.
+//
+// The limit is a token bucket of Config.Rate per second and Config.Burst,
+// shared by every caller; SetRate changes the rate while the API runs. A
+// request over the limit is answered 429 Too Many Requests with Retry-After
+// (whole seconds until a token is back, at least 1). With Config.Advertise,
+// every response also advertises the limit in the IETF and X- headers:
+//
+//	RateLimit-Policy: "default";q=50;w=1
+//	RateLimit: "default";r=7;t=1        (remaining; seconds until the bucket is full)
+//	X-RateLimit-Limit: 50
+//	X-RateLimit-Remaining: 7
+//
+// A request within the limit can still be answered 503 (a share of them,
+// Config.Unavailable, drawn from a seeded generator) and every response is
+// delayed by Config.Latency. A POST must carry a form with an "amount", as
+// a charge does; one without is answered 400. The API counts what it
+// answered and when it accepted each request: see Stats.
+//
+//	api, err := fakeapi.Start(fakeapi.Config{Rate: 50, Burst: 10, Advertise: true})
+//	if err != nil { ... }
+//	defer api.Close()
+//	... send to api.URL() + "/v1/charges" ...
+//	st := api.Stats(start) // st.MaxPerSecond <= 50 + 10
 package fakeapi
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
-	"sort"
-	"strconv"
 	"sync"
 	"time"
 )
 
-// Config sets the provider's limit.
+// Config is the provider's behaviour. Start validates it.
 type Config struct {
-	Rate  float64       // accepted requests per second, over all callers; > 0
-	Burst int           // bucket capacity; >= 1
-	Delay time.Duration // latency added to every accepted request
+	// Rate is the number of requests accepted per second over all callers.
+	// It must be positive.
+	Rate float64
+	// Burst is the bucket's capacity: how many requests are accepted at
+	// once after a quiet spell. It must be at least 1.
+	Burst int
+	// Advertise makes every response carry the limit in RateLimit-Policy,
+	// RateLimit, X-RateLimit-Limit and X-RateLimit-Remaining. When false,
+	// a 429 still carries Retry-After, but nothing advertises the limit.
+	Advertise bool
+	// Unavailable is the share, in [0, 1], of the requests within the limit
+	// that are answered 503 Service Unavailable (without Retry-After).
+	Unavailable float64
+	// Seed seeds the draws of those 503s: the same seed and the same order
+	// of requests give the same draws.
+	Seed uint64
+	// Latency delays every response, whatever its status. It must not be
+	// negative.
+	Latency time.Duration
+	// Addr is the address to listen on. Default "127.0.0.1:0": a free
+	// loopback port.
+	Addr string
 }
 
-// API is a running fake provider. It is safe for concurrent use.
+// validate returns every invalid setting, each named with its value.
+func (c Config) validate() error {
+	var errs []error
+	if err := checkRate(c.Rate); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Burst < 1 {
+		errs = append(errs, fmt.Errorf("fakeapi: Burst %d: must be at least 1", c.Burst))
+	}
+	if !(c.Unavailable >= 0 && c.Unavailable <= 1) {
+		errs = append(errs, fmt.Errorf("fakeapi: Unavailable %v: must be a share in [0, 1]", c.Unavailable))
+	}
+	if c.Latency < 0 {
+		errs = append(errs, fmt.Errorf("fakeapi: Latency %v: must not be negative", c.Latency))
+	}
+	return errors.Join(errs...)
+}
+
+func checkRate(r float64) error {
+	if !(r > 0) || math.IsInf(r, 0) {
+		return fmt.Errorf("fakeapi: Rate %v: must be a positive number of requests per second", r)
+	}
+	return nil
+}
+
+// API is a running fake provider. Its methods are safe for concurrent use.
 type API struct {
-	cfg Config
-	srv *httptest.Server
+	cfg    Config
+	srv    *httptest.Server
+	counts Counter
 
-	mu       sync.Mutex
-	tokens   float64     // guarded by mu
-	last     time.Time   // guarded by mu
-	requests int         // guarded by mu
-	rejected int         // guarded by mu; 429s sent
-	accepted []time.Time // guarded by mu; arrival of each accepted request
+	mu     sync.Mutex
+	bucket bucket     // guarded by mu
+	rng    *rand.Rand // guarded by mu; draws the injected 503s
 }
 
-// Start runs the API on a loopback port. Close it when done.
+// Start validates cfg and runs the API on cfg.Addr. Close it when done.
 func Start(cfg Config) (*API, error) {
-	if !(cfg.Rate > 0) || math.IsInf(cfg.Rate, 0) {
-		return nil, fmt.Errorf("fakeapi: Rate %v must be positive", cfg.Rate)
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Burst < 1 {
-		return nil, fmt.Errorf("fakeapi: Burst %d must be at least 1", cfg.Burst)
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
 	}
-	a := &API{cfg: cfg, tokens: float64(cfg.Burst), last: time.Now()}
-	a.srv = httptest.NewServer(http.HandlerFunc(a.serve))
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("fakeapi: %w", err)
+	}
+	a := &API{
+		cfg:    cfg,
+		bucket: newBucket(cfg.Rate, cfg.Burst, time.Now()),
+		rng:    rand.New(rand.NewPCG(cfg.Seed, cfg.Seed)),
+	}
+	a.srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: a}}
+	a.srv.Start()
 	return a, nil
 }
 
-// URL is the API's base URL, e.g. http://127.0.0.1:41234.
+// URL is the API's base URL, such as http://127.0.0.1:41234.
 func (a *API) URL() string { return a.srv.URL }
 
-// Close stops the server.
+// Close stops the server and waits for the requests in progress.
 func (a *API) Close() { a.srv.Close() }
 
-func (a *API) serve(w http.ResponseWriter, r *http.Request) {
-	ok, retry := a.take()
-	h := w.Header()
-	h.Set("X-RateLimit-Limit", strconv.FormatFloat(a.cfg.Rate, 'f', -1, 64))
-	if !ok {
-		h.Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
-		h.Set("X-RateLimit-Remaining", "0")
-		w.WriteHeader(http.StatusTooManyRequests)
-		fmt.Fprintln(w, `{"error":{"type":"rate_limit_error"}}`)
-		return
+// SetRate changes the enforced rate from now on; the burst stays. It fails,
+// changing nothing, when r is not a positive number.
+func (a *API) SetRate(r float64) error {
+	if err := checkRate(r); err != nil {
+		return err
 	}
-	if a.cfg.Delay > 0 {
-		time.Sleep(a.cfg.Delay)
-	}
-	h.Set("Content-Type", "application/json")
-	fmt.Fprintln(w, `{"object":"charge","status":"succeeded"}`)
-}
-
-// take spends a token, or says how long until one is there.
-func (a *API) take() (bool, time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now() // under mu, so that the bucket sees time in order
-	a.requests++
-	a.tokens = math.Min(float64(a.cfg.Burst), a.tokens+now.Sub(a.last).Seconds()*a.cfg.Rate)
-	a.last = now
-	if a.tokens >= 1 {
-		a.tokens--
-		a.accepted = append(a.accepted, now)
-		return true, 0
-	}
-	a.rejected++
-	return false, time.Duration((1 - a.tokens) / a.cfg.Rate * float64(time.Second))
+	a.bucket.setRate(r, time.Now())
+	return nil
 }
 
-// Stats is what the API saw.
-type Stats struct {
-	Requests int // all requests
-	Accepted int // answered 200
-	Rejected int // answered 429
-	// MaxPerSecond is the most requests accepted in any one-second window.
-	MaxPerSecond int
-	// PerSecond is the number accepted in each whole second since start.
-	PerSecond []int
-}
-
-// Stats returns the counts so far, with windows measured from start.
-func (a *API) Stats(start time.Time) Stats {
+// Rate returns the rate enforced now.
+func (a *API) Rate() float64 {
 	a.mu.Lock()
-	acc := append([]time.Time(nil), a.accepted...)
-	s := Stats{Requests: a.requests, Accepted: len(a.accepted), Rejected: a.rejected}
-	a.mu.Unlock()
-	s.MaxPerSecond = MaxInWindow(acc, time.Second)
-	for _, t := range acc {
-		i := int(t.Sub(start) / time.Second)
-		if i < 0 {
-			continue
-		}
-		for len(s.PerSecond) <= i {
-			s.PerSecond = append(s.PerSecond, 0)
-		}
-		s.PerSecond[i]++
-	}
-	return s
+	defer a.mu.Unlock()
+	return a.bucket.rate
 }
 
-// MaxInWindow returns the most times that fall in any window [t, t+w).
-func MaxInWindow(times []time.Time, w time.Duration) int {
-	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
-	best, lo := 0, 0
-	for hi := range times {
-		for times[hi].Sub(times[lo]) >= w {
-			lo++
-		}
-		best = max(best, hi-lo+1)
-	}
-	return best
-}
+// Stats returns what the API answered so far, with Stats.PerSecond measured
+// from start. A request is counted when it is decided, before Latency.
+func (a *API) Stats(start time.Time) Stats { return a.counts.Stats(start) }
