@@ -74,10 +74,15 @@ func newEgressPods(s settings, log func(string, ...any)) (*pods, error) {
 		if err != nil {
 			return nil, errors.Join(err, p.close())
 		}
-		tr, err := egress.New(p.base(s),
+		opts := []egress.Option{
 			egress.WithLimiter(lim),
 			egress.WithRetry(egress.RetryPolicy{MaxAttempts: 4}),
-			egress.WithObserver(p.observer()))
+			egress.WithObserver(p.observer()),
+		}
+		if s.adaptive {
+			opts = append(opts, egress.WithAdaptive(egress.AdaptivePolicy{}))
+		}
+		tr, err := egress.New(p.base(s), opts...)
 		if err != nil {
 			return nil, errors.Join(err, p.close())
 		}
