@@ -84,6 +84,7 @@ type lesson struct {
 	advertised float64   // the advertised limit in units per second; 0 when none
 	throttled  bool      // a throttling response, in adaptive mode
 	sentAt     time.Time // when the request that got it was sent
+	resume     time.Time // when the pause it asked for ends; zero for none
 }
 
 // rateAdjuster is implemented by the limiters of this package: their rate
@@ -106,8 +107,9 @@ type adaptState struct {
 	policy          *AdaptivePolicy // nil: adaptive mode is off
 	advertised      float64         // units per second; 0 when none
 	advertisedUntil time.Time       // when the advertised limit is forgotten
-	wmax            float64         // the rate at the last decrease
-	decreased       time.Time       // when; zero for never
+	wmax            float64         // the rate the climb back aims at (CUBIC's W_max)
+	w0              float64         // the rate right after the last decrease
+	decreased       time.Time       // when the climb back starts: the decrease, or the end of its pause; zero for never
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -119,15 +121,16 @@ func (s *adaptState) rate(now time.Time) float64 {
 		r = min(r, s.advertised)
 	}
 	if p := s.policy; p != nil && !s.decreased.IsZero() {
-		r = min(r, max(cubic(now.Sub(s.decreased).Seconds(), s.wmax, p.Beta, p.C), p.Floor.PerSecond()))
+		t := max(now.Sub(s.decreased).Seconds(), 0)
+		r = min(r, max(cubic(t, s.w0, s.wmax, p.C), p.Floor.PerSecond()))
 	}
 	return r
 }
 
-// cubic is the CUBIC rate t seconds after a decrease from wmax: β·wmax at
-// t = 0, back to wmax at t = K, and growing faster beyond.
-func cubic(t, wmax, beta, c float64) float64 {
-	k := math.Cbrt(wmax * (1 - beta) / c)
+// cubic is the CUBIC rate t seconds after a decrease to w0: w0 at t = 0,
+// levelling off at wmax at t = K, and growing faster beyond.
+func cubic(t, w0, wmax, c float64) float64 {
+	k := math.Cbrt(max(wmax-w0, 0) / c)
 	return c*math.Pow(t-k, 3) + wmax
 }
 
@@ -137,14 +140,27 @@ func (s *adaptState) atRest(now time.Time) bool { return s.rate(now) >= s.config
 
 // learn applies l at now. A throttling response to a request sent before
 // the last decrease belongs to the overload episode that decrease answered:
-// it counts once.
+// it counts once. The climb back starts when the response's pause ends:
+// while nothing can be sent, there is nothing to learn from.
 func (s *adaptState) learn(now time.Time, l lesson) {
 	if l.advertised > 0 {
 		s.advertised, s.advertisedUntil = l.advertised, now.Add(advertisedTTL)
 	}
 	if l.throttled && s.policy != nil && (s.decreased.IsZero() || l.sentAt.After(s.decreased)) {
-		s.wmax, s.decreased = s.rate(now), now
+		w := s.rate(now)
+		s.wmax, s.w0, s.decreased = decreasedMax(w, s.wmax, s.policy.Beta), s.policy.Beta*w, maxTime(now, l.resume)
 	}
+}
+
+// decreasedMax is the rate the climb back aims at after a decrease at rate
+// w: w itself, or, when w is below the previous aim, lower still (CUBIC's
+// fast convergence, RFC 8312 §4.6): the limit is lower than thought, so the
+// next climb should level off sooner. The decrease itself is always to β·w.
+func decreasedMax(w, prev, beta float64) float64 {
+	if w < prev {
+		return w * (1 + beta) / 2
+	}
+	return w
 }
 
 // advertisedRate returns the limit a response advertises, in units per

@@ -20,6 +20,13 @@ type Pauser interface {
 	Pause(ctx context.Context, key string, until time.Time) error
 }
 
+// resumer is implemented by the local limiters that would otherwise let a
+// burst go when a key's pause ends: told of the pause, they resume at the
+// rate (the provider that asked to wait has refilled little).
+type resumer interface {
+	resumeAt(key string, until time.Time)
+}
+
 // cooldowns is the Transport's table of paused keys. Checking a key costs one
 // atomic load while no key is paused.
 type cooldowns struct {

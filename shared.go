@@ -186,7 +186,7 @@ type shared struct {
 	id       string // this instance, in the fleet's heartbeat set
 	clock    clock.Clock
 	local    func(share Rate) Limiter // the fallback at a share of the rate
-	coalesce bool                               // false only in measurements
+	coalesce bool                     // false only in measurements
 
 	reserveScript, pauseScript, heartbeatScript, learnScript *redis.Script
 	policy                                                   atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
@@ -345,8 +345,11 @@ func (s *shared) Pause(ctx context.Context, key string, until time.Time) error {
 		return nil
 	}
 	id := keyID(key)
+	keys := s.redisKeys(id)
+	args := s.adaptiveArgs([]any{micros(d), s.channel(), id, s.rate.PerSecond()})
+	args = append(args, s.burst)
 	err := s.do(ctx, func(ctx context.Context) error {
-		return s.pauseScript.Run(ctx, s.rdb, s.redisKeys(id)[1:2], micros(d), s.channel(), id).Err()
+		return s.pauseScript.Run(ctx, s.rdb, []string{keys[1], keys[0], keys[2]}, args...).Err()
 	})
 	// Heard once the script has run: a turn reserved before then may have
 	// been given inside the pause, and is given up.

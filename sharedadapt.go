@@ -31,7 +31,7 @@ func (s *shared) Rate() Rate { return s.rate }
 func (s *shared) EffectiveRate(key string) Rate {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if l, ok := s.learnt.m[keyID(key)]; ok && l.rate < s.rate.PerSecond() {
+	if l, ok := s.learnt.m[keyID(key)]; ok && l.rate < s.rate.PerSecond()*(1-1e-12) {
 		return PerSecond(l.rate)
 	}
 	return s.rate
@@ -83,20 +83,26 @@ func (s *shared) learn(ctx context.Context, key string, ls lesson) (old, new flo
 		throttled = 1
 	}
 	args := s.adaptiveArgs([]any{s.rate.PerSecond()})
-	args = append(args, ls.advertised, micros(advertisedTTL), throttled, age)
-	var reply []int64
+	args = append(args, ls.advertised, micros(advertisedTTL), throttled, age, max(micros(ls.resume.Sub(now)), 0))
+	var reply []any
 	err = s.do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = s.learnScript.Run(ctx, s.rdb, s.redisKeys(id)[2:], args...).Int64Slice()
+		reply, err = s.learnScript.Run(ctx, s.rdb, s.redisKeys(id)[2:], args...).Slice()
 		return err
 	})
-	if err == nil && len(reply) != 2 {
-		err = fmt.Errorf("malformed reply %v", reply)
+	if err == nil {
+		var ok1, ok2 bool
+		if len(reply) == 2 {
+			old, ok1 = parseRate(reply[0])
+			new, ok2 = parseRate(reply[1])
+		}
+		if !ok1 || !ok2 {
+			err = fmt.Errorf("malformed reply %v", reply)
+		}
 	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
 	}
-	old, new = float64(reply[0])/1000, float64(reply[1])/1000
 	s.seen(id, new)
 	if ls.advertised > 0 {
 		s.mu.Lock()

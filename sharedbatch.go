@@ -3,7 +3,9 @@ package egress
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -188,15 +190,15 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 }
 
 // parseReserve checks and reads the script's reply: the pause left, the
-// key's rate in thousandths of a unit per second, then a (code, wait) pair a
+// key's rate in units per second (a string), then a (code, wait) pair a
 // request. A malformed reply is an error, never a panic.
 func parseReserve(reply any, n int) ([]reserved, float64, error) {
 	vals, ok := reply.([]any)
 	if !ok || len(vals) != 2+2*n {
-		return nil, 0, fmt.Errorf("malformed reply %v: want %d integers", reply, 2+2*n)
+		return nil, 0, fmt.Errorf("malformed reply %v: want %d values", reply, 2+2*n)
 	}
-	milli, ok := vals[1].(int64)
-	if !ok || milli <= 0 {
+	rate, ok := parseRate(vals[1])
+	if !ok {
 		return nil, 0, fmt.Errorf("malformed reply %v: rate", reply)
 	}
 	out := make([]reserved, n)
@@ -208,7 +210,18 @@ func parseReserve(reply any, n int) ([]reserved, float64, error) {
 		}
 		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond}
 	}
-	return out, float64(milli) / 1000, nil
+	return out, rate, nil
+}
+
+// parseRate reads a rate a script returned as a string: positive and
+// finite, or not ok.
+func parseRate(v any) (float64, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	r, err := strconv.ParseFloat(s, 64)
+	return r, err == nil && r > 0 && !math.IsInf(r, 0)
 }
 
 // do runs f with the command timeout. It returns when the timeout passes

@@ -186,30 +186,32 @@ func TestParseReserve(t *testing.T) {
 		want  []reserved
 		isErr bool
 	}{
-		{"one admitted", []any{int64(0), int64(50000), int64(0), int64(1500)}, 1, []reserved{{code: 0, wait: 1500 * time.Microsecond}}, false},
-		{"three", []any{int64(10), int64(50000), int64(0), int64(0), int64(1), int64(7), int64(2), int64(9)}, 3,
+		{"one admitted", []any{int64(0), "50", int64(0), int64(1500)}, 1, []reserved{{code: 0, wait: 1500 * time.Microsecond}}, false},
+		{"three", []any{int64(10), "50", int64(0), int64(0), int64(1), int64(7), int64(2), int64(9)}, 3,
 			[]reserved{{0, 0, nil}, {1, 7 * time.Microsecond, nil}, {2, 9 * time.Microsecond, nil}}, false},
-		{"empty batch", []any{int64(0), int64(50000)}, 0, []reserved{}, false},
+		{"empty batch", []any{int64(0), "50"}, 0, []reserved{}, false},
 		{"nil", nil, 1, nil, true},
 		{"not an array", "OK", 1, nil, true},
 		{"an integer", int64(3), 1, nil, true},
 		{"empty array", []any{}, 1, nil, true},
-		{"too short", []any{int64(0), int64(50000), int64(0)}, 1, nil, true},
-		{"too long", []any{int64(0), int64(50000), int64(0), int64(0), int64(0)}, 1, nil, true},
-		{"short for the batch", []any{int64(0), int64(50000), int64(0), int64(0)}, 2, nil, true},
-		{"code as string", []any{int64(0), int64(50000), "0", int64(0)}, 1, nil, true},
-		{"wait as string", []any{int64(0), int64(50000), int64(0), "12"}, 1, nil, true},
-		{"wait as float", []any{int64(0), int64(50000), int64(0), 1.5}, 1, nil, true},
-		{"nil element", []any{int64(0), int64(50000), nil, int64(0)}, 1, nil, true},
-		{"nested array", []any{int64(0), int64(50000), []any{int64(0), int64(50000)}, int64(0)}, 1, nil, true},
-		{"negative wait", []any{int64(0), int64(50000), int64(0), int64(-1)}, 1, nil, true},
-		{"code 3", []any{int64(0), int64(50000), int64(3), int64(0)}, 1, nil, true},
-		{"code -1", []any{int64(0), int64(50000), int64(-1), int64(0)}, 1, nil, true},
-		{"bad second request", []any{int64(0), int64(50000), int64(0), int64(0), int64(3), int64(0)}, 2, nil, true},
+		{"too short", []any{int64(0), "50", int64(0)}, 1, nil, true},
+		{"too long", []any{int64(0), "50", int64(0), int64(0), int64(0)}, 1, nil, true},
+		{"short for the batch", []any{int64(0), "50", int64(0), int64(0)}, 2, nil, true},
+		{"code as string", []any{int64(0), "50", "0", int64(0)}, 1, nil, true},
+		{"wait as string", []any{int64(0), "50", int64(0), "12"}, 1, nil, true},
+		{"wait as float", []any{int64(0), "50", int64(0), 1.5}, 1, nil, true},
+		{"nil element", []any{int64(0), "50", nil, int64(0)}, 1, nil, true},
+		{"nested array", []any{int64(0), "50", []any{int64(0), "50"}, int64(0)}, 1, nil, true},
+		{"negative wait", []any{int64(0), "50", int64(0), int64(-1)}, 1, nil, true},
+		{"code 3", []any{int64(0), "50", int64(3), int64(0)}, 1, nil, true},
+		{"code -1", []any{int64(0), "50", int64(-1), int64(0)}, 1, nil, true},
+		{"bad second request", []any{int64(0), "50", int64(0), int64(0), int64(3), int64(0)}, 2, nil, true},
 		{"an error value", errors.New("ERR boom"), 1, nil, true},
 		{"no rate", []any{int64(0)}, 0, nil, true},
-		{"zero rate", []any{int64(0), int64(0), int64(0), int64(0)}, 1, nil, true},
-		{"rate as string", []any{int64(0), "50000", int64(0), int64(0)}, 1, nil, true},
+		{"zero rate", []any{int64(0), "0", int64(0), int64(0)}, 1, nil, true},
+		{"rate as integer", []any{int64(0), int64(50), int64(0), int64(0)}, 1, nil, true},
+		{"rate not a number", []any{int64(0), "fast", int64(0), int64(0)}, 1, nil, true},
+		{"rate infinite", []any{int64(0), "inf", int64(0), int64(0)}, 1, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -224,7 +226,7 @@ func TestParseReserve(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
-			assert.Equal(t, 50.0, rate, "the key's rate, sent in thousandths")
+			assert.Equal(t, 50.0, rate, "the key's rate, sent as a string at full precision")
 		})
 	}
 }

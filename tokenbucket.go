@@ -43,15 +43,17 @@ type TokenBucket struct {
 // tokenBucket is one key's bucket. x/time/rate needs the times it is given in
 // order, so the clock is read under mu.
 type tokenBucket struct {
-	mu    sync.Mutex
-	lim   *rate.Limiter
-	adapt *adaptState // guarded by mu; nil while the key has learnt nothing
+	mu     sync.Mutex
+	lim    *rate.Limiter
+	adapt  *adaptState // guarded by mu; nil while the key has learnt nothing
+	resume time.Time   // guarded by mu; the end of a pause, at which the bucket holds one token
 }
 
 func (b *tokenBucket) atRest(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.adapt == nil || b.adapt.atRest(now))
+	return b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.adapt == nil || b.adapt.atRest(now)) &&
+		(b.resume.IsZero() || now.Sub(b.resume) > sweepEvery)
 }
 
 // NewTokenBucket returns a token bucket per key with refill rate r and
@@ -137,6 +139,13 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *r
 // take takes cost tokens from the bucket at now, at the rate the key has
 // learnt; see reserve. The caller holds b.mu or the write lock.
 func (bk *tokenBucket) take(now time.Time, key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
+	if !bk.resume.IsZero() && !now.Before(bk.resume) {
+		// A pause has ended: resume at the rate, with one token, not with
+		// the burst the bucket refilled meanwhile.
+		bk.lim = rate.NewLimiter(bk.lim.Limit(), bk.lim.Burst())
+		bk.lim.AllowN(now, bk.lim.Burst()-1)
+		bk.resume = time.Time{}
+	}
 	lim := bk.lim
 	if bk.adapt != nil {
 		if l := rate.Limit(bk.adapt.rate(now)); l != lim.Limit() {
@@ -185,6 +194,15 @@ func (tb *TokenBucket) EffectiveRate(key string) Rate {
 }
 
 func (tb *TokenBucket) setAdaptive(p AdaptivePolicy) { tb.policy.Store(&p) }
+
+// resumeAt makes key's bucket hold one token when a pause ends at until
+// (see resumer).
+func (tb *TokenBucket) resumeAt(key string, until time.Time) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	bk := tb.bucket(key, tb.clock.Now())
+	bk.resume = maxTime(bk.resume, until)
+}
 
 // learn applies what a response taught about key's limit.
 func (tb *TokenBucket) learn(_ context.Context, key string, l lesson) (old, new float64, err error) {

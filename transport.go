@@ -54,6 +54,7 @@ type Transport struct {
 	rand          func() float64 // the backoff's random source; nil: math/rand/v2
 	adjuster      rateAdjuster   // the limiter, when its rate can be lowered; nil otherwise
 	adaptive      bool           // WithAdaptive: throttling responses lower the rate
+	advertised    bool           // advertised limits lower the rate (not WithoutAdvertisedLimits)
 }
 
 // Option configures a Transport in New.
@@ -234,7 +235,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	}
 	adj, ok := c.limiter.(rateAdjuster)
 	if ok && !c.noAdvert {
-		t.adjuster = adj
+		t.adjuster, t.advertised = adj, true
 	}
 	if c.adaptive != nil {
 		if !ok {
@@ -390,7 +391,11 @@ func (t *Transport) learn(ctx context.Context, key string, resp *http.Response, 
 		t.pause(ctx, key, until, now)
 	}
 	if t.adjuster != nil {
-		t.adjust(ctx, key, lesson{advertised: advertisedRate(rl), throttled: throttled && t.adaptive, sentAt: sentAt})
+		l := lesson{throttled: throttled && t.adaptive, sentAt: sentAt, resume: until}
+		if t.advertised {
+			l.advertised = advertisedRate(rl)
+		}
+		t.adjust(ctx, key, l)
 	}
 	return a
 }
@@ -418,9 +423,12 @@ func (t *Transport) pause(ctx context.Context, key string, until, now time.Time)
 		return
 	}
 	var err error
-	if p, ok := t.limiter.(Pauser); ok {
+	switch l := t.limiter.(type) {
+	case Pauser:
 		// The pause matters to the fleet even if this request's context ends.
-		err = p.Pause(context.WithoutCancel(ctx), key, until)
+		err = l.Pause(context.WithoutCancel(ctx), key, until)
+	case resumer:
+		l.resumeAt(key, until)
 	}
 	if t.obs.OnCooldown != nil {
 		t.obs.OnCooldown(key, until, err)

@@ -11,9 +11,11 @@
 -- ARGV[8]  how long ago the request that got it was sent, in us: a
 --          throttling response to a request sent before the last decrease
 --          belongs to the episode that decrease answered and counts once
+-- ARGV[9]  the pause the response asked for, in us: the climb back starts
+--          when it ends, not while nothing can be sent
 --
--- Returns the key's rate before and after, in thousandths of a unit per
--- second.
+-- Returns the key's rate before and after, in units per second (strings,
+-- at full precision).
 local configured, beta, c, floor = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local old = effective(KEYS[1], now, configured, beta, c, floor)
 local adv, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -21,11 +23,17 @@ if adv > 0 then
   redis.call('HSET', KEYS[1], 'adv', string.format('%.6f', adv), 'advu', string.format('%.0f', now + ttl))
 end
 if ARGV[7] == '1' and beta > 0 then
-  local dec = tonumber(redis.call('HGET', KEYS[1], 'dec'))
+  local st = redis.call('HMGET', KEYS[1], 'wmax', 'dec')
+  local prev, dec = tonumber(st[1]), tonumber(st[2])
   if not dec or now - tonumber(ARGV[8]) > dec then
-    redis.call('HSET', KEYS[1], 'wmax', string.format('%.6f', old), 'dec', string.format('%.0f', now))
+    -- CUBIC's fast convergence: a decrease below the previous aim lowers
+    -- the aim further.
+    local wmax = old
+    if prev and old < prev then wmax = old * (1 + beta) / 2 end
+    redis.call('HSET', KEYS[1], 'wmax', string.format('%.9g', wmax), 'w0', string.format('%.9g', beta * old),
+      'dec', string.format('%.0f', now + tonumber(ARGV[9])))
   end
 end
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, beta, c, floor)
-return {math.floor(old * 1000), math.floor(new * 1000)}
+return {string.format('%.17g', old), string.format('%.17g', new)}

@@ -21,10 +21,12 @@ var Reserve = rate + reserve
 // Learn applies an advertised limit or a throttling response to a key.
 var Learn = rate + learn
 
-// Pause holds a key for every instance.
-//
 //go:embed pause.lua
-var Pause string
+var pause string
+
+// Pause holds a key for every instance and empties its bucket as of the
+// pause's end.
+var Pause = rate + pause
 
 // Heartbeat records a live instance and counts the live ones.
 //

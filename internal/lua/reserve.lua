@@ -16,7 +16,7 @@
 --          pair a request, served in order
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
--- in thousandths of a unit per second, then a pair a request: (code, wait in
+-- in units per second (a string, at full precision), then a pair a request: (code, wait in
 -- us), code 0 = admitted after wait, 1 = refused because wait exceeds its
 -- max wait, 2 = refused because the queue is full. A refused request takes
 -- nothing.
@@ -28,7 +28,7 @@ if tonumber(ARGV[3]) >= 0 then queue = tonumber(ARGV[3]) * interval end
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local start = math.max(now, pause)
-local out = {math.max(0, math.ceil(pause - now)), math.floor(rate * 1000)}
+local out = {math.max(0, math.ceil(pause - now)), string.format('%.17g', rate)}
 local changed = false
 for i = 7, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
