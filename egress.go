@@ -18,6 +18,13 @@
 //	client := &http.Client{Transport: tr}
 //	resp, err := client.Get("https://api.example.com/v1/charges")
 //
+// A response that asks callers to wait (429 or 503 with Retry-After, or
+// rate-limit headers saying nothing is left) pauses every request of its key;
+// WithRetry adds polite retries (full-jitter backoff, safe methods only, a
+// retry budget); advertised limits lower a key's rate, and WithAdaptive
+// discovers unadvertised ones. NewSharedTokenBucket and NewSharedLeakyBucket
+// hold one limit for a whole fleet through Redis.
+//
 // Every type in this package is safe for simultaneous use by multiple
 // goroutines unless its documentation says otherwise.
 package egress
