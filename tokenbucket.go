@@ -41,9 +41,12 @@ type TokenBucket struct {
 }
 
 // tokenBucket is one key's bucket. x/time/rate needs the times it is given in
-// order, so the clock is read under mu.
+// order: a time read before another call's but used after it is moved up to
+// last, under mu (reading the clock under mu would do too, but costs more
+// under contention).
 type tokenBucket struct {
 	mu     sync.Mutex
+	last   time.Time // guarded by mu; the latest time given to lim
 	lim    *rate.Limiter
 	adapt  *adaptState // guarded by mu; nil while the key has learnt nothing
 	resume time.Time   // guarded by mu; the end of a pause, at which the bucket holds one token
@@ -98,7 +101,7 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 		// still the key's bucket.
 		tb.mu.RLock()
 		bk.mu.Lock()
-		r.CancelAt(tb.clock.Now())
+		r.CancelAt(bk.inOrder(tb.clock.Now()))
 		bk.mu.Unlock()
 		tb.mu.RUnlock()
 		return 0, err
@@ -117,8 +120,9 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *rate.Reservation, time.Duration, error) {
 	tb.mu.RLock()
 	if bk, ok := tb.buckets.m[key]; ok {
-		bk.mu.Lock()
 		now := tb.clock.Now()
+		bk.mu.Lock()
+		now = bk.inOrder(now)
 		if !tb.buckets.sweepDue(now) {
 			r, delay, err := bk.take(now, key, cost, b)
 			bk.mu.Unlock()
@@ -132,8 +136,18 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *r
 	defer tb.mu.Unlock()
 	now := tb.clock.Now()
 	bk := tb.bucket(key, now)
-	r, delay, err := bk.take(now, key, cost, b)
+	r, delay, err := bk.take(bk.inOrder(now), key, cost, b)
 	return bk, r, delay, err
+}
+
+// inOrder returns now, or the latest time the bucket was given if now is
+// earlier, and records it. The caller holds bk.mu or the write lock.
+func (bk *tokenBucket) inOrder(now time.Time) time.Time {
+	if now.Before(bk.last) {
+		return bk.last
+	}
+	bk.last = now
+	return now
 }
 
 // take takes cost tokens from the bucket at now, at the rate the key has
@@ -223,7 +237,7 @@ func (tb *TokenBucket) learn(_ context.Context, key string, l lesson) (old, new 
 
 // apply applies l to bk. The caller holds bk.mu or the write lock.
 func (tb *TokenBucket) apply(bk *tokenBucket, l lesson) (old, new float64) {
-	now := tb.clock.Now()
+	now := bk.inOrder(tb.clock.Now())
 	if bk.adapt == nil {
 		bk.adapt = &adaptState{configured: tb.rate.PerSecond(), policy: tb.policy.Load()}
 	}

@@ -1,0 +1,329 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/egress-go/egress/internal/fakeapi"
+	"github.com/egress-go/egress/internal/redistest"
+)
+
+const (
+	callTimeout       = 5 * time.Second // each call's own deadline, retries and waits included
+	maxCallsPerWorker = 50_000          // a worker's loop is bounded in count as well as time
+)
+
+// load is how busy each pod of the fleet is.
+type load struct {
+	name string
+	pods []podLoad
+}
+
+// podLoad is one pod's workers: each calls back to back, or starts a call
+// every `every` when it is not zero.
+type podLoad struct {
+	workers int
+	every   time.Duration
+}
+
+var (
+	evenLoad = load{name: "even", pods: []podLoad{{workers: 8}, {workers: 8}, {workers: 8}, {workers: 8}}}
+	// unevenLoad is one busy pod and three nearly idle ones.
+	unevenLoad = load{name: "uneven", pods: []podLoad{
+		{workers: 16}, {workers: 1, every: 500 * time.Millisecond},
+		{workers: 1, every: 500 * time.Millisecond}, {workers: 1, every: 500 * time.Millisecond},
+	}}
+)
+
+// scenario is one run: a strategy under a load against a provider.
+type scenario struct {
+	strategy strategy
+	load     load
+	provider fakeapi.Config
+	limits   limits
+	duration time.Duration // workers start no call after it
+}
+
+// outcome is what one scenario measured.
+type outcome struct {
+	elapsed time.Duration // from the start until the last call returned
+
+	// At the provider.
+	accepted     int // answered 200
+	upstream     int // every request that reached it, retries included
+	maxPerSecond int // most accepted in any 1 s window
+
+	// At the pods' connection pools: every attempt's answer.
+	limited          int // 429s received
+	maxLimitedPerSec int // most 429s received in any 1 s window
+
+	acceptedPerSec, limitedPerSec []int // in each whole second from the start
+
+	// At the callers.
+	calls    int // calls made
+	failed   int // calls that ended in an error or a final status other than 200
+	p50, p99 time.Duration
+	endRate  float64 // the lowest rate a pod held the key to at the end; 0 if unknown
+	fallback int64   // egress's switches to its local fallback (Redis trouble)
+}
+
+// utilisation is the share of the provider's real limit that was used.
+func (o outcome) utilisation(providerRate float64) float64 {
+	return float64(o.accepted) / (providerRate * o.elapsed.Seconds())
+}
+
+// run runs sc in a subtest-owned world: its own provider, its own Redis,
+// its own pods, all closed before it returns.
+func run(t *testing.T, sc scenario) outcome {
+	t.Helper()
+	api, err := fakeapi.Start(sc.provider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(api.Close) // runs last: after the pods' connections are closed
+	var srv *redistest.Server
+	if sc.strategy.redis {
+		srv = redistest.Start(t)
+	}
+
+	var (
+		rec      probeRecord
+		fallback atomic.Int64
+		pods     []pod
+	)
+	t.Cleanup(func() { // runs first: pods, then Redis clients and connection pools
+		var errs []error
+		for _, p := range pods {
+			if p.close != nil {
+				errs = append(errs, p.close())
+			}
+		}
+		errs = append(errs, rec.close())
+		if err := errors.Join(errs...); err != nil {
+			t.Errorf("closing the pods: %v", err)
+		}
+	})
+	for _, pl := range sc.load.pods {
+		env := podEnv{
+			url: api.URL(), pods: len(sc.load.pods), limits: sc.limits,
+			base: rec.pool(pl.workers), fallback: &fallback,
+		}
+		if srv != nil {
+			env.rdb = rec.redisClient(srv.Addr)
+		}
+		p, err := sc.strategy.newPod(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, p)
+	}
+
+	start := time.Now()
+	tl := drive(t.Context(), api.URL(), sc.load, pods, start.Add(sc.duration))
+	elapsed := time.Since(start)
+
+	st := api.Stats(start)
+	limited := rec.limitedTimes()
+	o := outcome{
+		elapsed: elapsed, accepted: st.Accepted, upstream: st.Requests, maxPerSecond: st.MaxPerSecond,
+		limited: len(limited), maxLimitedPerSec: fakeapi.MaxInWindow(limited, time.Second),
+		acceptedPerSec: st.PerSecond, limitedPerSec: fakeapi.PerWindow(limited, start, time.Second),
+		calls: tl.calls, failed: tl.calls - len(tl.latencies),
+		p50: quantile(tl.latencies, 0.50), p99: quantile(tl.latencies, 0.99),
+		endRate: endRate(pods, api.URL()), fallback: fallback.Load(),
+	}
+	if st.Limited != o.limited {
+		t.Logf("note: the provider answered %d 429s, the pods received %d", st.Limited, o.limited)
+	}
+	return o
+}
+
+// endRate is the lowest rate a pod holds the provider's key to, or 0 when
+// the strategy has no such notion.
+func endRate(pods []pod, apiURL string) float64 {
+	u, err := url.Parse(apiURL)
+	if err != nil {
+		return 0
+	}
+	lowest := 0.0
+	for _, p := range pods {
+		if p.effectiveRate == nil {
+			continue
+		}
+		if r := p.effectiveRate(u.Host); lowest == 0 || r < lowest {
+			lowest = r
+		}
+	}
+	return lowest
+}
+
+// tally collects the outcome of every call. Safe for concurrent use.
+type tally struct {
+	mu        sync.Mutex
+	calls     int             // guarded by mu
+	latencies []time.Duration // guarded by mu; of the successful calls
+}
+
+func (t *tally) add(ok bool, d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.calls++
+	if ok {
+		t.latencies = append(t.latencies, d)
+	}
+}
+
+// drive runs every pod's workers until end and returns once the last call
+// has returned, with the latencies sorted.
+func drive(ctx context.Context, apiURL string, l load, pods []pod, end time.Time) *tally {
+	tl := &tally{}
+	var wg sync.WaitGroup
+	for i, pl := range l.pods {
+		for w := range pl.workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				work(ctx, pods[i].do, apiURL, fmt.Sprintf("p%d-w%d", i, w), pl.every, end, tl)
+			}()
+		}
+	}
+	wg.Wait()
+	slices.Sort(tl.latencies)
+	return tl
+}
+
+// work is one worker: three charges, then a look at a charge, and again,
+// until end; back to back, or one call every `every`.
+func work(ctx context.Context, do func(*http.Request) (*http.Response, error), apiURL, tag string, every time.Duration, end time.Time, tl *tally) {
+	for i := 0; i < maxCallsPerWorker && ctx.Err() == nil && time.Now().Before(end); i++ {
+		t0 := time.Now()
+		status, _ := call(ctx, do, apiURL, fmt.Sprintf("%s-%d", tag, i), i%4 == 3)
+		tl.add(status == http.StatusOK, time.Since(t0))
+		if every > 0 {
+			if next := t0.Add(every); next.Before(end) {
+				_ = sleep(ctx, time.Until(next))
+			} else {
+				return
+			}
+		}
+	}
+}
+
+// call makes one payment call with its own deadline: a POST of a charge with
+// an Idempotency-Key and a form body that can be sent again, or a GET of a
+// charge. It returns the final status, 0 with an error.
+func call(ctx context.Context, do func(*http.Request) (*http.Response, error), apiURL, key string, get bool) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	var (
+		req *http.Request
+		err error
+	)
+	if get {
+		req, err = http.NewRequestWithContext(ctx, http.MethodGet, apiURL+"/v1/charges/ch_"+key, nil)
+	} else {
+		req, err = http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/charges",
+			strings.NewReader("amount=2000&currency=usd&source=tok_visa"))
+		if err == nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Idempotency-Key", key)
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	resp, err := do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return 0, err
+	}
+	return resp.StatusCode, nil
+}
+
+// probeRecord owns the pods' connection pools and Redis clients and records
+// the time of every 429 that comes back through the pools. Safe for
+// concurrent use.
+type probeRecord struct {
+	mu      sync.Mutex
+	limited []time.Time    // guarded by mu
+	closers []func() error // guarded by mu
+}
+
+// pool returns a new pod's own connection pool, seen through the probe.
+func (r *probeRecord) pool(workers int) http.RoundTripper {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = workers
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closers = append(r.closers, func() error { tr.CloseIdleConnections(); return nil })
+	return probe{base: tr, rec: r}
+}
+
+// redisClient returns a new pod's own Redis client.
+func (r *probeRecord) redisClient(addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{
+		Addr:                     addr,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closers = append(r.closers, rdb.Close)
+	return rdb
+}
+
+func (r *probeRecord) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		errs = append(errs, r.closers[i]())
+	}
+	r.closers = nil
+	return errors.Join(errs...)
+}
+
+func (r *probeRecord) limitedTimes() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.limited)
+}
+
+type probe struct {
+	base http.RoundTripper
+	rec  *probeRecord
+}
+
+func (p probe) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := p.base.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+		p.rec.mu.Lock()
+		p.rec.limited = append(p.rec.limited, time.Now())
+		p.rec.mu.Unlock()
+	}
+	return resp, err
+}
+
+// quantile returns the q-quantile of sorted, 0 when it is empty.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[int(q*float64(len(sorted)-1))]
+}
