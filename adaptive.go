@@ -138,6 +138,18 @@ func cubic(t, w0, wmax, c float64) float64 {
 // that it can be dropped.
 func (s *adaptState) atRest(now time.Time) bool { return s.rate(now) >= s.configured }
 
+// learnInto applies l at now to the state *s of a key of a limiter with the
+// configured rate and policy, making the state if the key has none, and
+// returns the key's rate before and after.
+func learnInto(s **adaptState, configured Rate, policy *AdaptivePolicy, now time.Time, l lesson) (old, new float64) {
+	if *s == nil {
+		*s = &adaptState{configured: configured.PerSecond(), policy: policy}
+	}
+	old = (*s).rate(now)
+	(*s).learn(now, l)
+	return old, (*s).rate(now)
+}
+
 // learn applies l at now. A throttling response to a request sent before
 // the last decrease belongs to the overload episode that decrease answered:
 // it counts once. The climb back starts when the response's pause ends:

@@ -31,6 +31,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/internal/fakeapi"
 	"github.com/egress-go/egress/internal/fleettest"
 	"github.com/egress-go/egress/internal/redistest"
 )
@@ -321,7 +322,7 @@ func checkTokenBucket(t *testing.T, at, rel []time.Time, rate float64, burst int
 	require.GreaterOrEqual(t, len(at), 2)
 	bound := int(rate) + burst
 	stallBound := int(rate*(1+fleetStall.Seconds())) + burst
-	maxWin, relWin := fleettest.MaxInWindow(at, time.Second), fleettest.MaxInWindow(rel, time.Second)
+	maxWin, relWin := fakeapi.MaxInWindow(at, time.Second), fakeapi.MaxInWindow(rel, time.Second)
 	span := at[len(at)-1].Sub(at[0])
 	util := float64(len(at)-burst) / (rate * span.Seconds())
 	t.Logf("accepted %d in %v (%.1f/s); max in any 1 s window %d at the server, %d of the releases (bound %d); utilisation %.3f of %v/s beyond the burst of %d",

@@ -230,11 +230,6 @@ func (lb *LeakyBucket) learn(_ context.Context, key string, ls lesson) (old, new
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	now := lb.clock.Now()
-	l := lb.lane(key, now)
-	if l.adapt == nil {
-		l.adapt = &adaptState{configured: lb.rate.PerSecond(), policy: lb.policy.Load()}
-	}
-	old = l.adapt.rate(now)
-	l.adapt.learn(now, ls)
-	return old, l.adapt.rate(now), nil
+	old, new = learnInto(&lb.lane(key, now).adapt, lb.rate, lb.policy.Load(), now, ls)
+	return old, new, nil
 }

@@ -238,12 +238,7 @@ func (tb *TokenBucket) learn(_ context.Context, key string, l lesson) (old, new 
 // apply applies l to bk. The caller holds bk.mu or the write lock.
 func (tb *TokenBucket) apply(bk *tokenBucket, l lesson) (old, new float64) {
 	now := bk.inOrder(tb.clock.Now())
-	if bk.adapt == nil {
-		bk.adapt = &adaptState{configured: tb.rate.PerSecond(), policy: tb.policy.Load()}
-	}
-	old = bk.adapt.rate(now)
-	bk.adapt.learn(now, l)
-	new = bk.adapt.rate(now)
+	old, new = learnInto(&bk.adapt, tb.rate, tb.policy.Load(), now, l)
 	if new != old {
 		bk.lim.SetLimitAt(now, rate.Limit(new))
 	}

@@ -285,19 +285,6 @@ func Unix(ns []int64) []time.Time {
 	return at
 }
 
-// MaxInWindow returns the most of the sorted times at that fall in any
-// window [t, t+w).
-func MaxInWindow(at []time.Time, w time.Duration) int {
-	best, lo := 0, 0
-	for hi := range at {
-		for at[hi].Sub(at[lo]) >= w {
-			lo++
-		}
-		best = max(best, hi-lo+1)
-	}
-	return best
-}
-
 // GapStats describes the gaps between consecutive sorted times.
 type GapStats struct {
 	N                      int // gaps
