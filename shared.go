@@ -386,13 +386,22 @@ func (s *shared) Stats() SharedStats {
 }
 
 // Close stops the limiter's background goroutine and removes the instance
-// from the fleet's count. The limiter must not be used after Close.
+// from the fleet's count. It returns even when the Redis client was closed
+// first (the error then matches redis.ErrClosed, and the instance leaves the
+// count when its heartbeat expires). The limiter must not be used after
+// Close. Closing the client without closing the limiter is safe: the limiter
+// then behaves as one whose Redis is down.
 func (s *shared) Close() error {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
-	return s.do(context.Background(), func(ctx context.Context) error {
+	err := s.do(context.Background(), func(ctx context.Context) error {
 		return s.heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
 	})
+	if err != nil {
+		// The instance's heartbeat expires on its own (instanceTTL).
+		return fmt.Errorf("egress: shared limiter %s: close: %w", s.name, err)
+	}
+	return nil
 }
 
 // instanceTTL is how long an instance counts as live after its heartbeat.
@@ -418,9 +427,8 @@ func (s *shared) start() {
 
 func (s *shared) background() {
 	defer close(s.done)
-	sub := s.rdb.Subscribe(context.Background(), s.channel())
-	defer sub.Close()
-	msgs := sub.Channel()
+	sub, msgs := s.subscribe()
+	defer func() { _ = sub.Close() }()
 	s.beat()
 	tick := time.NewTicker(s.cfg.heartbeat / 4)
 	defer tick.Stop()
@@ -429,7 +437,13 @@ func (s *shared) background() {
 		select {
 		case <-s.stop:
 			return
-		case m := <-msgs:
+		case m, ok := <-msgs:
+			if !ok {
+				// The subscription ended: its client was closed, or its
+				// connection pool was. Subscribe again once Redis answers.
+				msgs = nil
+				continue
+			}
 			s.hear(m.Payload)
 		case now := <-tick.C:
 			// Beat once a heartbeat period; probe four times as often while
@@ -438,8 +452,19 @@ func (s *shared) background() {
 				s.beat()
 				last = now
 			}
+			if msgs == nil && s.fallback.Load() == nil {
+				_ = sub.Close()
+				sub, msgs = s.subscribe()
+			}
 		}
 	}
+}
+
+// subscribe subscribes to the fleet's pause announcements. A closed client
+// gives a subscription whose channel is closed at once.
+func (s *shared) subscribe() (*redis.PubSub, <-chan *redis.Message) {
+	sub := s.rdb.Subscribe(context.Background(), s.channel())
+	return sub, sub.Channel()
 }
 
 // beat sends a heartbeat and learns the live count; it also probes Redis:
