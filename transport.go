@@ -55,6 +55,7 @@ type Transport struct {
 	adjuster      rateAdjuster   // the limiter, when its rate can be lowered; nil otherwise
 	adaptive      bool           // WithAdaptive: throttling responses lower the rate
 	advertised    bool           // advertised limits lower the rate (not WithoutAdvertisedLimits)
+	signals       signalConfig   // how responses are read (dialect.go)
 }
 
 // Option configures a Transport in New.
@@ -73,6 +74,7 @@ type config struct {
 	retry    *RetryPolicy
 	adaptive *AdaptivePolicy
 	noAdvert bool
+	signals  signalConfig // how responses are read (dialect.go)
 	errs     []error
 }
 
@@ -228,6 +230,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		retry:         c.retry,
 		maxRetryAfter: defaultMaxRetryAfter,
 		clock:         clock.Real{},
+		signals:       c.signals,
 	}
 	if t.retry != nil {
 		t.maxRetryAfter = t.retry.MaxRetryAfter
