@@ -1,5 +1,360 @@
 package egress
 
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// This file holds the reading of responses as a whole: the SignalReader
+// interface through which every dialect is read (the built-in ones in
+// dialect_*.go, and a user's own), the options that configure the reading,
+// and the methods readers use to add what they read to a Signal, which
+// validate, cap and merge it.
+//
+// Every header and body is hostile input: a value that cannot be read is
+// ignored, never guessed, and nothing here panics.
+
+// SignalReader reads one dialect of rate-limit signals: it adds to s what
+// resp says in that dialect. Every built-in dialect (see docs/dialects.md)
+// is a SignalReader; WithSignalReader adds a user's own, for a provider the
+// built-in ones do not read.
+//
+// ReadSignal is called once per response, after the built-in readers, with
+// s already holding Now, SentAt, Status, Host, MaxWait and what the readers
+// before it found. It must add what it reads through s's methods (AddQuota,
+// AddRetryAfter, SetRetry, SetScope), which validate, cap and merge, or set
+// Throttling, NearLimit and Reason directly. It may read the first bytes of
+// the body with PeekBody, never more, and must not close the body. It must
+// not keep resp or s after it returns. It is called from the goroutines
+// of RoundTrip, so it must be safe for concurrent use.
+type SignalReader interface {
+	ReadSignal(resp *http.Response, s *Signal)
+}
+
+// SignalReaderFunc is a function that is a SignalReader.
+type SignalReaderFunc func(resp *http.Response, s *Signal)
+
+// ReadSignal calls f(resp, s).
+func (f SignalReaderFunc) ReadSignal(resp *http.Response, s *Signal) { f(resp, s) }
+
+// ResetUnit is the unit of a reset header's value. The zero value,
+// ResetAuto, reads the value by its shape; the others read it as one unit
+// only, for a provider whose values the shape rule misreads (WithResetUnit).
+type ResetUnit uint8
+
+// The units of reset headers.
+const (
+	// ResetAuto reads a reset by its shape: a Go-style duration ("6m0s",
+	// "12ms"); a number by its size (>= 1e12 epoch milliseconds, >= 1e9
+	// epoch seconds, anything smaller seconds from now, decimals allowed);
+	// or a timestamp (RFC 3339, ISO 8601 without seconds, HTTP-date).
+	ResetAuto ResetUnit = iota
+	// ResetDeltaSeconds: seconds from now, decimals allowed ("41", "64.57").
+	ResetDeltaSeconds
+	// ResetDeltaMillis: milliseconds from now ("600000").
+	ResetDeltaMillis
+	// ResetEpochSeconds: a Unix time in seconds ("1609459200").
+	ResetEpochSeconds
+	// ResetEpochMillis: a Unix time in milliseconds ("1609459200000").
+	ResetEpochMillis
+	// ResetDuration: a Go-style duration ("6m0s", "1.5s", "12ms").
+	ResetDuration
+	// ResetTimestamp: an RFC 3339 or ISO 8601 time ("2025-08-21T12:40:59Z",
+	// "2026-03-26T16:00Z") or an HTTP-date.
+	ResetTimestamp
+)
+
+var resetUnitNames = [...]string{"auto", "delta-seconds", "delta-milliseconds", "epoch-seconds", "epoch-milliseconds", "duration", "timestamp"}
+
+// String returns the unit's name, e.g. "epoch-seconds".
+func (u ResetUnit) String() string {
+	if int(u) < len(resetUnitNames) {
+		return resetUnitNames[u]
+	}
+	return fmt.Sprintf("ResetUnit(%d)", uint8(u))
+}
+
 // signalConfig is how a Transport reads responses: the readers and the
-// per-host overrides. Its zero value reads the built-in dialects.
-type signalConfig struct{}
+// per-host overrides. Its zero value reads the built-in dialects. It is
+// set once in New and only read afterwards, so it is safe for concurrent
+// use.
+type signalConfig struct {
+	readers []SignalReader  // the user's, run after the built-in ones
+	units   []resetOverride // per host and header; the last one set wins
+}
+
+// resetOverride is one WithResetUnit setting.
+type resetOverride struct {
+	host   string // as given, matched without regard to case
+	header string // canonical
+	unit   ResetUnit
+}
+
+// WithSignalReader adds r to the readers of every response, after the
+// built-in ones: a dialect the built-in readers do not know, without
+// forking. Readers run in the order of their options. A nil reader is an
+// error. Default: the built-in readers only.
+func WithSignalReader(r SignalReader) Option {
+	return optionFunc(func(c *config) {
+		if r == nil || isNilReader(r) {
+			c.errs = append(c.errs, configError("WithSignalReader", fmt.Sprintf("%T", r), "the reader must not be nil"))
+			return
+		}
+		c.signals.readers = append(c.signals.readers, r)
+	})
+}
+
+// isNilReader reports whether r holds a nil pointer or a nil func, such as
+// a SignalReaderFunc(nil).
+func isNilReader(r SignalReader) bool {
+	if f, ok := r.(SignalReaderFunc); ok {
+		return f == nil
+	}
+	return isNilPointer(r)
+}
+
+// WithResetUnit says that, in responses from host, the reset header
+// carries unit: where one header name carries different units at different
+// providers, the built-in shape rule (ResetAuto) cannot always tell, e.g.
+// X-Rate-Limit-Reset is epoch seconds at Okta but milliseconds from now at
+// Prisjakt:
+//
+//	egress.WithResetUnit("api.prisjakt.nu", "X-Rate-Limit-Reset", egress.ResetDeltaMillis)
+//
+// host is matched, without regard to case, against the request URL's host,
+// with its port or without it. header is one of the reset headers the
+// built-in readers read (docs/dialects.md lists them), in any case. A later
+// setting for the same host and header replaces an earlier one; ResetAuto
+// restores the shape rule. An empty host, an unknown header or an unknown
+// unit is an error.
+func WithResetUnit(host, header string, unit ResetUnit) Option {
+	return optionFunc(func(c *config) {
+		name := http.CanonicalHeaderKey(strings.TrimSpace(header))
+		switch {
+		case host == "" || strings.ContainsAny(host, "/ \t"):
+			c.errs = append(c.errs, configError("WithResetUnit: host", fmt.Sprintf("%q", host), "must be a host name, with or without a port"))
+		case !isResetHeader(name):
+			c.errs = append(c.errs, configError("WithResetUnit: header", fmt.Sprintf("%q", header), "is not a reset header egress reads"))
+		case int(unit) >= len(resetUnitNames):
+			c.errs = append(c.errs, configError("WithResetUnit: unit", unit, "is not a ResetUnit"))
+		default:
+			c.signals.units = append(c.signals.units, resetOverride{host: host, header: name, unit: unit})
+		}
+	})
+}
+
+// resetHeaders are the headers whose unit WithResetUnit may set: every
+// reset header the built-in readers read by the shape rule.
+var resetHeaders = [...]string{
+	hXRateLimitReset, hXRateLimitResetAfter, hXRateLimitResetRequests, hXRateLimitResetTokens,
+	hXRateLimitHyphenReset, hRateLimitReset, hRateLimitResetTime, hFastlyReset, hXBetaRateLimitReset,
+	hAnthropicRequestsReset, hAnthropicTokensReset, hAnthropicInputReset, hAnthropicOutputReset,
+}
+
+func isResetHeader(canonical string) bool {
+	for _, h := range resetHeaders {
+		if h == canonical {
+			return true
+		}
+	}
+	return false
+}
+
+// unitFor returns the unit set for header (canonical) in responses from
+// host, or ResetAuto.
+func (c *signalConfig) unitFor(host, header string) ResetUnit {
+	if c == nil || len(c.units) == 0 {
+		return ResetAuto
+	}
+	name := hostName(host)
+	unit := ResetAuto
+	for _, o := range c.units {
+		if o.header == header && (strings.EqualFold(o.host, host) || strings.EqualFold(o.host, name)) {
+			unit = o.unit
+		}
+	}
+	return unit
+}
+
+// hostName returns host without its port: "api.x.com:443" is "api.x.com",
+// "[::1]:80" is "[::1]".
+func hostName(host string) string {
+	i := strings.LastIndexByte(host, ':')
+	if i < 0 || strings.HasSuffix(host, "]") {
+		return host
+	}
+	if j := strings.IndexByte(host, ':'); j != i && !strings.HasPrefix(host, "[") {
+		return host // a bare IPv6 address has no port
+	}
+	return host[:i]
+}
+
+// finish draws what the readers' findings imply together: a 403 that
+// carries a Retry-After or an exhausted requests quota is a throttle
+// (GitHub's secondary and primary limits); a billing error is never a
+// pause and never retried.
+func (s *Signal) finish() {
+	if s.Status == http.StatusForbidden && !s.Throttling {
+		if q, ok := s.requestQuota(); ok && q.Remaining == 0 {
+			s.Throttling = true
+			s.SetScope(ScopeQuota)
+		} else if s.HasRetryAfter {
+			s.Throttling = true
+		}
+	}
+	if s.Scope == ScopeBilling {
+		s.Retry = RetryNo
+		s.RetryAfter, s.HasRetryAfter, s.RetryAfterTooLong = 0, false, false
+		s.Throttling = false
+	}
+}
+
+// resetUnit returns the unit that the Transport's settings give header
+// (canonical) for this signal's host.
+func (s *Signal) resetUnit(header string) ResetUnit {
+	return s.cfg.unitFor(s.Host, header)
+}
+
+// maxWait returns the cap on waits: MaxWait, or no cap when it is <= 0.
+func (s *Signal) maxWait() time.Duration {
+	if s.MaxWait <= 0 {
+		return math.MaxInt64
+	}
+	return s.MaxWait
+}
+
+// parseCap is the cap the built-in parsers read waits with: one nanosecond
+// over MaxWait, so that AddRetryAfter can tell "too long" from "exactly the
+// cap".
+func (s *Signal) parseCap() time.Duration {
+	m := s.maxWait()
+	if m == math.MaxInt64 {
+		return m
+	}
+	return m + 1
+}
+
+// AddRetryAfter records that the response asked for a wait of d before the
+// next attempt. A negative d is ignored; d above MaxWait is capped and sets
+// RetryAfterTooLong. When several waits are asked for (Retry-After,
+// retry-after-ms, a body's retry delay), the longest wins.
+func (s *Signal) AddRetryAfter(d time.Duration) {
+	if d < 0 {
+		return
+	}
+	m := s.maxWait()
+	if d > m {
+		s.RetryAfterTooLong = true
+		d = m
+	}
+	if !s.HasRetryAfter || d > s.RetryAfter {
+		s.RetryAfter = d
+	}
+	s.HasRetryAfter = true
+}
+
+// SetRetry records the provider's word on retrying. The stronger word wins:
+// RetryNo over RetryYes over RetryDefault. An unknown value is ignored.
+func (s *Signal) SetRetry(d RetryDecision) {
+	if d > RetryNo {
+		return
+	}
+	if d == RetryNo || s.Retry == RetryDefault {
+		s.Retry = d
+	}
+}
+
+// SetScope records what a throttling response is about. When readers
+// disagree the more cautious word wins: ScopeBilling over ScopeQuota over
+// ScopeOther over ScopeUnknown. An unknown value is ignored.
+func (s *Signal) SetScope(sc Scope) {
+	if sc > ScopeBilling {
+		return
+	}
+	if scopeRank(sc) > scopeRank(s.Scope) {
+		s.Scope = sc
+	}
+}
+
+func scopeRank(sc Scope) int {
+	switch sc {
+	case ScopeOther:
+		return 1
+	case ScopeQuota:
+		return 2
+	case ScopeBilling:
+		return 3
+	}
+	return 0
+}
+
+// AddQuota records one quota the response reported. Its fields are checked
+// first: a Limit, Remaining or Used that is negative, NaN or infinite, a
+// negative Reset and a Window <= 0 are dropped (their Has flag cleared), a
+// Reset above MaxWait is capped, a field whose Has flag is false is zeroed,
+// and a quota with nothing left, or with an unknown Dimension, is ignored.
+//
+// A quota with the same Dimension, Name and Window (or both without one) as
+// one already recorded is merged into it: a field only one of them has is
+// kept, and where both have it, the more restrictive value wins (the lower
+// Limit and Remaining, the higher Used, the later Reset). So Quotas holds
+// one Quota per dimension, name and window.
+func (s *Signal) AddQuota(q Quota) {
+	if q.Dimension > OutputTokens {
+		return
+	}
+	q.Limit, q.HasLimit = checkAmount(q.Limit, q.HasLimit)
+	q.Remaining, q.HasRemaining = checkAmount(q.Remaining, q.HasRemaining)
+	q.Used, q.HasUsed = checkAmount(q.Used, q.HasUsed)
+	if !q.HasReset || q.Reset < 0 {
+		q.Reset, q.HasReset = 0, false
+	}
+	q.Reset = min(q.Reset, s.maxWait())
+	if !q.HasWindow || q.Window <= 0 {
+		q.Window, q.HasWindow = 0, false
+	}
+	if !q.HasLimit && !q.HasRemaining && !q.HasUsed && !q.HasReset {
+		return
+	}
+	if q.Kind > ResetKindBucket {
+		q.Kind = ResetKindUnknown
+	}
+	for i := range s.Quotas {
+		e := &s.Quotas[i]
+		if e.Dimension == q.Dimension && e.Name == q.Name && e.HasWindow == q.HasWindow && e.Window == q.Window {
+			e.merge(q)
+			return
+		}
+	}
+	s.Quotas = append(s.Quotas, q)
+}
+
+// merge folds q, a quota of the same dimension, name and window, into e.
+func (e *Quota) merge(q Quota) {
+	if q.HasLimit && (!e.HasLimit || q.Limit < e.Limit) {
+		e.Limit, e.HasLimit = q.Limit, true
+	}
+	if q.HasRemaining && (!e.HasRemaining || q.Remaining < e.Remaining) {
+		e.Remaining, e.HasRemaining = q.Remaining, true
+	}
+	if q.HasUsed && (!e.HasUsed || q.Used > e.Used) {
+		e.Used, e.HasUsed = q.Used, true
+	}
+	if q.HasReset && (!e.HasReset || q.Reset > e.Reset) {
+		e.Reset, e.HasReset = q.Reset, true
+	}
+	if e.Kind == ResetKindUnknown {
+		e.Kind = q.Kind
+	}
+}
+
+// checkAmount returns v when has is set and v is a finite number >= 0.
+func checkAmount(v float64, has bool) (float64, bool) {
+	if !has || v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}

@@ -18,6 +18,12 @@ type Signal struct {
 	// Status is the response's status code; 0 when the attempt failed
 	// without a response.
 	Status int
+	// Host is the host the request was sent to (its URL's host, with any
+	// port); per-host settings such as WithResetUnit match it.
+	Host string
+	// MaxWait caps RetryAfter and every Quota's Reset: the Transport's
+	// pause cap (RetryPolicy.MaxRetryAfter). Zero or negative: no cap.
+	MaxWait time.Duration
 
 	// RetryAfter is the wait the provider asked for (Retry-After,
 	// retry-after-ms, a body's retry delay), capped by the Transport's
@@ -37,6 +43,24 @@ type Signal struct {
 	// Stripe-Should-Retry; a billing error says RetryNo); RetryDefault when
 	// it says nothing.
 	Retry RetryDecision
+
+	// Throttling says the response refuses the request for its rate even
+	// though its status is neither 429 nor 503: GitHub answers an exhausted
+	// primary limit with 403 and x-ratelimit-remaining: 0, and a secondary
+	// limit with 403 and Retry-After. The built-in reading sets it for a 403
+	// that carries a Retry-After or a requests quota with nothing remaining
+	// (and then sets Scope to ScopeQuota when it is unknown).
+	Throttling bool
+	// NearLimit says the provider warned that the caller is close to its
+	// limit without giving counts (Jira's X-RateLimit-NearLimit: true).
+	NearLimit bool
+	// Reason is the provider's own word for why it throttles, as sent
+	// (Stripe-Rate-Limited-Reason, Jira's RateLimit-Reason); may be empty.
+	Reason string
+
+	// cfg holds the per-host settings while the readers run; readSignal
+	// clears it before it returns the Signal.
+	cfg *signalConfig
 }
 
 // Quota is one limit a provider reported in a response.
@@ -59,7 +83,31 @@ type Quota struct {
 	// Window is the length of the window Limit counts over, when stated.
 	Window    time.Duration
 	HasWindow bool
+	// Used is how much of Limit was spent, when the provider says so
+	// (GitHub's x-ratelimit-used, Shopify's "32/40"); >= 0.
+	Used    float64
+	HasUsed bool
+	// Kind says what Reset means; ResetKindUnknown when the dialect does
+	// not say (read it as a window's end: the cautious reading).
+	Kind ResetKind
 }
+
+// ResetKind says what a Quota's Reset means.
+type ResetKind uint8
+
+// The meanings of a reset.
+const (
+	// ResetKindUnknown: the provider does not say.
+	ResetKindUnknown ResetKind = iota
+	// ResetKindWindow: the quota comes back whole at Reset (a window server:
+	// GitHub, X, Discord, Reddit); with nothing remaining, every request
+	// before then is refused.
+	ResetKindWindow
+	// ResetKindBucket: Reset is when the bucket is full again (a bucket
+	// server: OpenAI, Anthropic, Shopify); with nothing remaining, the next
+	// unit comes back long before Reset.
+	ResetKindBucket
+)
 
 // Dimension is what a quota counts.
 type Dimension uint8
@@ -99,6 +147,9 @@ const (
 	// ScopeOther: throttled for a reason other than the caller's rate (a
 	// lock, a shared resource, load shedding): only this request waits.
 	ScopeOther
+	// ScopeBilling: a billing or quota-of-account error dressed as a
+	// throttle (OpenAI's insufficient_quota): never a hold, never retried.
+	ScopeBilling
 )
 
 // requestQuota returns the most restrictive quota of the requests
@@ -132,36 +183,52 @@ func (s *Signal) advertised() float64 {
 }
 
 // throttled reports whether the response asks the caller to slow down: a
-// 429, or a 503 with a Retry-After.
+// 429, a 503 with a Retry-After, or any response marked Throttling (GitHub's
+// 403 with nothing remaining or with a Retry-After); never a billing error
+// (ScopeBilling), which is not about the rate.
 func (s *Signal) throttled() bool {
-	return s.Status == http.StatusTooManyRequests || (s.Status == http.StatusServiceUnavailable && s.HasRetryAfter)
+	if s.Scope == ScopeBilling {
+		return false
+	}
+	return s.Throttling || s.Status == http.StatusTooManyRequests ||
+		(s.Status == http.StatusServiceUnavailable && s.HasRetryAfter)
 }
 
-// readSignal reads resp's signal at now with the built-in readers, capping
-// waits at maxWait.
+// readSignal reads resp's signal at now with the built-in readers only,
+// capping waits at maxWait; the host is the one of resp.Request, when set.
+// A Transport reads with its own settings through signalConfig.readSignal.
 func readSignal(resp *http.Response, sentAt, now time.Time, maxWait time.Duration) Signal {
-	s := Signal{Now: now, SentAt: sentAt}
+	host := ""
+	if resp != nil && resp.Request != nil && resp.Request.URL != nil {
+		host = resp.Request.URL.Host
+	}
+	return (*signalConfig)(nil).readSignal(resp, host, sentAt, now, maxWait)
+}
+
+// readSignal reads resp, the answer to a request sent to host at sentAt,
+// at now: the built-in readers, then c's, each adding what it finds to one
+// Signal, with every wait capped at maxWait. A nil c reads the built-in
+// dialects only. A response without rate-limit headers costs no
+// allocation.
+func (c *signalConfig) readSignal(resp *http.Response, host string, sentAt, now time.Time, maxWait time.Duration) Signal {
+	s := Signal{Now: now, SentAt: sentAt, Host: host, MaxWait: maxWait}
 	if resp == nil {
 		return s
 	}
 	s.Status = resp.StatusCode
-	if len(resp.Header) == 0 {
-		return s
-	}
-	if s.Status == http.StatusTooManyRequests || s.Status == http.StatusServiceUnavailable {
-		// One nanosecond over the cap tells "too long" from "exactly the cap".
-		if d, ok := parseRetryAfter(resp.Header.Values("Retry-After"), now, maxWait+1); ok {
-			s.RetryAfter, s.HasRetryAfter, s.RetryAfterTooLong = min(d, maxWait), true, d > maxWait
+	s.cfg = c
+	readBuiltin(resp, &s)
+	if c != nil && len(c.readers) > 0 {
+		// A Signal handed to an interface escapes: only a Transport with
+		// readers of its own pays for a copy on the heap.
+		p := new(Signal)
+		*p = s
+		for _, r := range c.readers {
+			r.ReadSignal(resp, p)
 		}
+		s = *p
 	}
-	h := parseRateLimit(resp.Header, now, maxWait)
-	if h.HasRemaining || h.HasReset || h.HasLimit {
-		s.Quotas = append(s.Quotas, Quota{
-			Limit: float64(h.Limit), HasLimit: h.HasLimit,
-			Remaining: float64(h.Remaining), HasRemaining: h.HasRemaining,
-			Reset: h.Reset, HasReset: h.HasReset,
-			Window: h.Window, HasWindow: h.HasWindow,
-		})
-	}
+	s.finish()
+	s.cfg = nil
 	return s
 }

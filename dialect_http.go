@@ -1,0 +1,240 @@
+package egress
+
+import (
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The built-in readers of the generic dialects: Retry-After and its kin,
+// the IETF RateLimit fields (and their older draft, and Jira's Beta-
+// prefix), and the X-RateLimit-* families. docs/dialects.md lists what
+// each reads.
+
+// readBuiltin runs the built-in readers over resp, into s.
+func readBuiltin(resp *http.Response, s *Signal) {
+	retryReader{}.ReadSignal(resp, s)
+	ietfReader{field: hRateLimit, policy: hRateLimitPolicy}.ReadSignal(resp, s)
+	ietfReader{field: hBetaRateLimit, policy: hBetaRateLimitPolicy}.ReadSignal(resp, s)
+	draftReader{}.ReadSignal(resp, s)
+	xRateLimitReader{}.ReadSignal(resp, s)
+	openAIReader{}.ReadSignal(resp, s)
+	anthropicReader{}.ReadSignal(resp, s)
+	discordReader{}.ReadSignal(resp, s)
+	callLimitReader{}.ReadSignal(resp, s)
+	salesforceReader{}.ReadSignal(resp, s)
+	hubSpotReader{}.ReadSignal(resp, s)
+	stripeReader{}.ReadSignal(resp, s)
+	jiraReader{}.ReadSignal(resp, s)
+	zendeskReader{}.ReadSignal(resp, s)
+}
+
+// retryReader reads the waits and retry advice any provider may send:
+// Retry-After (RFC 9110: delta-seconds, decimals accepted, or an
+// HTTP-date) and retry-after-ms (OpenAI, Anthropic) on a 403, 429 or 503,
+// and x-should-retry: true|false (OpenAI, Anthropic) on any response.
+type retryReader struct{}
+
+// ReadSignal implements SignalReader.
+func (retryReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	switch resp.StatusCode {
+	case http.StatusForbidden, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		if d, ok := parseRetryAfter(h[hRetryAfter], s.Now, s.parseCap()); ok {
+			s.AddRetryAfter(d)
+		}
+		if d, ok := millisToWait(h[hRetryAfterMs], s.parseCap()); ok {
+			s.AddRetryAfter(d)
+		}
+	}
+	if yes, no := anyBool(h[hShouldRetry]); no {
+		s.SetRetry(RetryNo)
+	} else if yes {
+		s.SetRetry(RetryYes)
+	}
+}
+
+// ietfReader reads the structured fields of draft-ietf-httpapi-ratelimit-
+// headers: field (RateLimit: `"burst";r=5;t=1`) and policy
+// (RateLimit-Policy: `"burst";q=100;w=1`), one Quota per policy, joined by
+// name; the older dictionary form of the field (`limit=10, remaining=1,
+// reset=7`) and the older integer form of the policy (`10;w=1`) too. Jira
+// sends the same fields under a Beta- prefix. The quotas count requests:
+// a policy whose qu= names another unit is skipped.
+type ietfReader struct{ field, policy string }
+
+// ReadSignal implements SignalReader.
+func (r ietfReader) ReadSignal(resp *http.Response, s *Signal) {
+	fields, policies := resp.Header[r.field], resp.Header[r.policy]
+	if len(fields) == 0 && len(policies) == 0 {
+		return
+	}
+	var quotas []Quota
+	for _, m := range sfMembers(policies) {
+		name := sfUnquote(m.item)
+		q, ok := parseAmount(m.param("q"))
+		if !ok { // the older integer form: the item is the quota
+			name = ""
+			q, ok = parseAmount(m.item)
+		}
+		if unit := m.param("qu"); !ok || unit != "" && !strings.EqualFold(unit, "requests") {
+			continue
+		}
+		w, okW := policyWindow(m.param("w"))
+		quotas = append(quotas, Quota{Name: name, Limit: q, HasLimit: true, Window: w, HasWindow: okW})
+	}
+	max := s.maxWait()
+	var dict Quota
+	for _, m := range sfMembers(fields) {
+		if key, val, ok := dictMember(m.item); ok {
+			dict = addDictQuota(dict, key, val, max)
+			continue
+		}
+		name := sfUnquote(m.item)
+		rem, okR := parseAmount(m.param("r"))
+		t, okT := headerSeconds(m.param("t"), max)
+		if !okR && !okT {
+			continue
+		}
+		i := policyNamed(quotas, name)
+		if i < 0 {
+			quotas = append(quotas, Quota{Name: name})
+			i = len(quotas) - 1
+		}
+		q := &quotas[i]
+		q.Remaining, q.HasRemaining = rem, okR
+		q.Reset, q.HasReset = t, okT
+	}
+	quotas = append(quotas, dict)
+	for _, q := range quotas {
+		s.AddQuota(q)
+	}
+}
+
+// policyNamed returns the index of the quota named name that no field
+// member has filled yet, or -1. An unnamed member joins no policy.
+func policyNamed(quotas []Quota, name string) int {
+	if name == "" {
+		return -1
+	}
+	for i, q := range quotas {
+		if q.Name == name && !q.HasRemaining && !q.HasReset {
+			return i
+		}
+	}
+	return -1
+}
+
+// addDictQuota records one member of the RateLimit field's older
+// dictionary form, keeping the most restrictive value of each key.
+func addDictQuota(q Quota, key, val string, max time.Duration) Quota {
+	switch key {
+	case "limit":
+		if n, ok := parseAmount(val); ok && (!q.HasLimit || n < q.Limit) {
+			q.Limit, q.HasLimit = n, true
+		}
+	case "remaining":
+		if n, ok := parseAmount(val); ok && (!q.HasRemaining || n < q.Remaining) {
+			q.Remaining, q.HasRemaining = n, true
+		}
+	case "reset":
+		if d, ok := headerSeconds(val, max); ok && (!q.HasReset || d > q.Reset) {
+			q.Reset, q.HasReset = d, true
+		}
+	}
+	return q
+}
+
+// draftReader reads the older IETF draft's RateLimit-Limit, -Remaining and
+// -Reset (GitLab, Heroku, Zendesk's lowercase ratelimit-*), with GitLab's
+// RateLimit-Name, -Observed (used) and -ResetTime (an HTTP-date), into one
+// Quota. A limit list such as "10, 10;w=1, 1000;w=3600" gives the policy
+// with the lowest rate and its window. The reset is read by the shape rule
+// (GitLab sends epoch seconds, Zendesk seconds from now).
+type draftReader struct{}
+
+// ReadSignal implements SignalReader.
+func (draftReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	limit, remaining, reset := h[hRateLimitLimit], h[hRateLimitRemaining], h[hRateLimitReset]
+	observed, resetTime := h[hRateLimitObserved], h[hRateLimitResetTime]
+	if len(limit) == 0 && len(remaining) == 0 && len(reset) == 0 && len(observed) == 0 && len(resetTime) == 0 {
+		return
+	}
+	q := Quota{Dimension: Requests, Name: firstToken(h[hRateLimitName])}
+	var l int64
+	l, q.Window, q.HasLimit, q.HasWindow = parsePolicy(limit)
+	q.Limit = float64(l)
+	q.Remaining, q.HasRemaining = lowestAmount(remaining)
+	q.Used, q.HasUsed = highestAmount(observed)
+	q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hRateLimitReset), s.Now, s.maxWait())
+	if !q.HasReset {
+		q.Reset, q.HasReset = latestReset(resetTime, s.resetUnit(hRateLimitResetTime), s.Now, s.maxWait())
+	}
+	s.AddQuota(q)
+}
+
+// xRateLimitReader reads the X-RateLimit-* family: Limit (a count, or a
+// policy such as "50;w=60"), Remaining (decimals allowed: Reddit's
+// "999.0"), Used, Reset-After (seconds from now, Discord) before Reset (the
+// shape rule: epoch seconds at GitHub and Discord, seconds from now at
+// Reddit, ISO 8601 at Jira), and the quota's name from GitHub's Resource or
+// Discord's Bucket. Those names, or Used, mark a window server. Then the
+// hyphenated X-Rate-Limit-* family (X, Okta, Zendesk's X-Rate-Limit,
+// Prisjakt) and Fastly-RateLimit-*, each a Quota of its own.
+type xRateLimitReader struct{}
+
+// ReadSignal implements SignalReader.
+func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	max := s.maxWait()
+	limit, remaining, used := h[hXRateLimitLimit], h[hXRateLimitRemaining], h[hXRateLimitUsed]
+	reset, after := h[hXRateLimitReset], h[hXRateLimitResetAfter]
+	if len(limit) > 0 || len(remaining) > 0 || len(used) > 0 || len(reset) > 0 || len(after) > 0 {
+		q := Quota{Dimension: Requests}
+		var l int64
+		l, q.Window, q.HasLimit, q.HasWindow = parsePolicy(limit)
+		q.Limit = float64(l)
+		q.Remaining, q.HasRemaining = lowestAmount(remaining)
+		q.Used, q.HasUsed = highestAmount(used)
+		q.Reset, q.HasReset = latestReset(after, resetUnitOr(s, hXRateLimitResetAfter, ResetDeltaSeconds), s.Now, max)
+		if !q.HasReset {
+			q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hXRateLimitReset), s.Now, max)
+		}
+		if q.Name = firstToken(h[hXRateLimitResource]); q.Name == "" {
+			q.Name = firstToken(h[hXRateLimitBucket])
+		}
+		if q.Name != "" || q.HasUsed {
+			q.Kind = ResetKindWindow
+		}
+		s.AddQuota(q)
+	}
+
+	limit, remaining, reset = h[hXRateLimitHyphenLimit], h[hXRateLimitHyphenRemaining], h[hXRateLimitHyphenReset]
+	if len(limit) == 0 {
+		limit = h[hXRateLimitHyphen]
+	}
+	if len(limit) > 0 || len(remaining) > 0 || len(reset) > 0 {
+		q := Quota{Dimension: Requests}
+		q.Limit, q.HasLimit = lowestAmount(limit)
+		q.Remaining, q.HasRemaining = lowestAmount(remaining)
+		q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hXRateLimitHyphenReset), s.Now, max)
+		s.AddQuota(q)
+	}
+
+	remaining, reset = h[hFastlyRemaining], h[hFastlyReset]
+	if len(remaining) > 0 || len(reset) > 0 {
+		q := Quota{Dimension: Requests, Kind: ResetKindWindow}
+		q.Remaining, q.HasRemaining = lowestAmount(remaining)
+		q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hFastlyReset), s.Now, max)
+		s.AddQuota(q)
+	}
+}
+
+// resetUnitOr returns the unit set for header, or def when none is.
+func resetUnitOr(s *Signal, header string, def ResetUnit) ResetUnit {
+	if u := s.resetUnit(header); u != ResetAuto {
+		return u
+	}
+	return def
+}

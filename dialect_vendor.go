@@ -1,0 +1,254 @@
+package egress
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The built-in readers of single providers' dialects.
+
+// discordReader reads what Discord adds to the X-RateLimit-* family (read by
+// xRateLimitReader): X-RateLimit-Scope (user and global: ScopeQuota;
+// shared, a shared resource's limit: ScopeOther), X-RateLimit-Global: true
+// (ScopeQuota), and a 429's JSON body: retry_after (seconds, decimals) and
+// global.
+type discordReader struct{}
+
+// ReadSignal implements SignalReader.
+func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	switch scope := firstToken(h[hXRateLimitScope]); {
+	case strings.EqualFold(scope, "user"), strings.EqualFold(scope, "global"):
+		s.SetScope(ScopeQuota)
+	case strings.EqualFold(scope, "shared"):
+		s.SetScope(ScopeOther)
+	}
+	if global, _ := anyBool(h[hXRateLimitGlobal]); global {
+		s.SetScope(ScopeQuota)
+	}
+	if b := jsonErrorPrefix(resp, "retry_after"); b != nil {
+		var body struct {
+			RetryAfter *float64 `json:"retry_after"`
+			Global     *bool    `json:"global"`
+		}
+		_ = json.Unmarshal(b, &body) // a field of the wrong type leaves the others read
+		if body.RetryAfter != nil {
+			if d, ok := secondsToWait(*body.RetryAfter, s.parseCap()); ok {
+				s.AddRetryAfter(d)
+			}
+		}
+		if body.Global != nil && *body.Global {
+			s.SetScope(ScopeQuota)
+		}
+	}
+}
+
+// callLimitReader reads the "used/capacity" call limits of leaky-bucket
+// providers: Shopify's X-Shopify-Shop-Api-Call-Limit ("32/40") and
+// Gorgias's X-Gorgias-Account-Api-Call-Limit ("10/40"). No reset is sent:
+// the bucket leaks at a rate the header does not state.
+type callLimitReader struct{}
+
+// ReadSignal implements SignalReader.
+func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
+	for _, name := range [...]string{hShopifyCallLimit, hGorgiasCallLimit} {
+		for _, v := range resp.Header[name] {
+			for more := true; more; {
+				var m string
+				m, v, more = cutList(v)
+				if used, capacity, ok := parsePair(m); ok {
+					q := pairQuota(used, capacity)
+					q.Kind = ResetKindBucket
+					s.AddQuota(q)
+				}
+			}
+		}
+	}
+}
+
+// salesforceReader reads Salesforce's Sforce-Limit-Info:
+// "api-usage=18/5000; per-app-api-usage=17/250(appName=app)", one Quota per
+// named pair (a rolling 24-hour count; no reset is sent).
+type salesforceReader struct{}
+
+// ReadSignal implements SignalReader.
+func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
+	for _, v := range resp.Header[hSforceLimitInfo] {
+		for v != "" {
+			var m string
+			if i := strings.IndexAny(v, ";,"); i >= 0 {
+				m, v = v[:i], v[i+1:]
+			} else {
+				m, v = v, ""
+			}
+			name, val, ok := strings.Cut(m, "=")
+			if !ok {
+				continue
+			}
+			if i := strings.IndexByte(val, '('); i >= 0 {
+				val = val[:i] // "(appName=...)"
+			}
+			if used, capacity, ok := parsePair(val); ok {
+				q := pairQuota(used, capacity)
+				q.Name = strings.TrimSpace(name)
+				s.AddQuota(q)
+			}
+		}
+	}
+}
+
+// hubSpotReader reads HubSpot's X-HubSpot-RateLimit-Daily and
+// -Daily-Remaining (Name "daily"; the day runs midnight to midnight in the
+// account's time zone, so no reset), -Secondly and -Secondly-Remaining
+// (Name "secondly", a one-second window), and -Interval-Milliseconds, -Max
+// and -Remaining (Name "interval", the window the milliseconds state).
+type hubSpotReader struct{}
+
+// ReadSignal implements SignalReader.
+func (hubSpotReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	addCounts(s, Quota{Name: "daily"}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
+	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
+	q := Quota{Name: "interval"}
+	if ms, ok := lowestAmount(h[hHubSpotIntervalMs]); ok && ms > 0 && ms < 1e12 {
+		q.Window, q.HasWindow = time.Duration(ms*float64(time.Millisecond)), true
+	}
+	addCounts(s, q, h[hHubSpotMax], h[hHubSpotRemaining])
+}
+
+// addCounts adds q, a requests quota, with the limit and remaining counts
+// the values state, if they state either.
+func addCounts(s *Signal, q Quota, limit, remaining []string) {
+	if len(limit) == 0 && len(remaining) == 0 {
+		return
+	}
+	q.Limit, q.HasLimit = lowestAmount(limit)
+	q.Remaining, q.HasRemaining = lowestAmount(remaining)
+	if q.HasLimit || q.HasRemaining {
+		s.AddQuota(q)
+	}
+}
+
+// stripeReader reads Stripe's Stripe-Should-Retry (RetryYes, RetryNo),
+// Stripe-Rate-Limited-Reason (the Reason; resource-specific is ScopeOther,
+// the global and endpoint rate and concurrency limits ScopeQuota), and a
+// 429's JSON body whose error code is lock_timeout: a lock on one object,
+// worth a retry, saying nothing about the quota (ScopeOther).
+type stripeReader struct{}
+
+// ReadSignal implements SignalReader.
+func (stripeReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	if yes, no := anyBool(h[hStripeShouldRetry]); no {
+		s.SetRetry(RetryNo)
+	} else if yes {
+		s.SetRetry(RetryYes)
+	}
+	if reason := firstToken(h[hStripeReason]); reason != "" {
+		s.setReason(reason)
+		switch strings.ToLower(reason) {
+		case "resource-specific":
+			s.SetScope(ScopeOther)
+		case "global-rate", "endpoint-rate", "global-concurrency", "endpoint-concurrency":
+			s.SetScope(ScopeQuota)
+		}
+	}
+	if b := jsonErrorPrefix(resp, "lock_timeout"); b != nil {
+		var body struct {
+			Error struct {
+				Code any `json:"code"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(b, &body) // a field of the wrong type leaves the others read
+		if body.Error.Code == "lock_timeout" {
+			s.SetScope(ScopeOther)
+			s.setReason("lock_timeout")
+		}
+	}
+}
+
+// jiraReader reads what Atlassian's Jira adds to the X-RateLimit-* family
+// and its Beta-RateLimit fields (read by xRateLimitReader and ietfReader):
+// X-RateLimit-NearLimit and X-Beta-RateLimit-NearLimit (NearLimit),
+// RateLimit-Reason and X-Beta-RateLimit-Reason (the Reason), and
+// X-Beta-RateLimit-Reset (ISO 8601 without seconds, "2026-03-26T16:00Z").
+type jiraReader struct{}
+
+// ReadSignal implements SignalReader.
+func (jiraReader) ReadSignal(resp *http.Response, s *Signal) {
+	h := resp.Header
+	if near, _ := anyBool(h[hXRateLimitNearLimit]); near {
+		s.NearLimit = true
+	}
+	if near, _ := anyBool(h[hXBetaRateLimitNearLimit]); near {
+		s.NearLimit = true
+	}
+	if reason := firstToken(h[hRateLimitReason]); reason != "" {
+		s.setReason(reason)
+	}
+	if reason := firstToken(h[hXBetaRateLimitReason]); reason != "" {
+		s.setReason(reason)
+	}
+	if d, ok := latestReset(h[hXBetaRateLimitReset], s.resetUnit(hXBetaRateLimitReset), s.Now, s.maxWait()); ok {
+		s.AddQuota(Quota{Dimension: Requests, Reset: d, HasReset: true})
+	}
+}
+
+// zendeskReader reads Zendesk's per-endpoint fields, such as
+// zendesk-ratelimit-tickets-index: "total=100; remaining=99; resets=41"
+// (resets in seconds from now), one Quota each, named after the field
+// ("Tickets-Index"). Zendesk's other headers are the X-Rate-Limit and
+// ratelimit-* families.
+type zendeskReader struct{}
+
+// ReadSignal implements SignalReader.
+func (zendeskReader) ReadSignal(resp *http.Response, s *Signal) {
+	for name, values := range resp.Header {
+		if len(name) <= len(zendeskPrefix) || !strings.HasPrefix(name, zendeskPrefix) {
+			continue
+		}
+		q := Quota{Dimension: Requests, Name: name[len(zendeskPrefix):], Kind: ResetKindWindow}
+		for _, v := range values {
+			for v != "" {
+				var m string
+				if i := strings.IndexAny(v, ";,"); i >= 0 {
+					m, v = v[:i], v[i+1:]
+				} else {
+					m, v = v, ""
+				}
+				key, val, _ := strings.Cut(m, "=")
+				q = addZendeskMember(q, strings.ToLower(strings.TrimSpace(key)), val, s.maxWait())
+			}
+		}
+		s.AddQuota(q)
+	}
+}
+
+// addZendeskMember records one member of a Zendesk field, keeping the most
+// restrictive value of each key.
+func addZendeskMember(q Quota, key, val string, max time.Duration) Quota {
+	switch key {
+	case "total":
+		if n, ok := parseAmount(val); ok && (!q.HasLimit || n < q.Limit) {
+			q.Limit, q.HasLimit = n, true
+		}
+	case "remaining":
+		if n, ok := parseAmount(val); ok && (!q.HasRemaining || n < q.Remaining) {
+			q.Remaining, q.HasRemaining = n, true
+		}
+	case "resets":
+		if d, ok := headerSeconds(val, max); ok && (!q.HasReset || d > q.Reset) {
+			q.Reset, q.HasReset = d, true
+		}
+	}
+	return q
+}
+
+// setReason records the provider's reason, the first one read.
+func (s *Signal) setReason(r string) {
+	if s.Reason == "" {
+		s.Reason = r
+	}
+}
