@@ -19,7 +19,10 @@ type Counter struct {
 
 // Add records one request answered with status at the time at; a status of
 // 0 stands for a request that got no response.
-func (c *Counter) Add(at time.Time, status int) {
+func (c *Counter) Add(at time.Time, status int) { c.add(at, status, causeNone) }
+
+// add records one request answered with status for the reason why.
+func (c *Counter) add(at time.Time, status int, why cause) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.counts.Requests++
@@ -29,10 +32,20 @@ func (c *Counter) Add(at time.Time, status int) {
 		c.arrivals = append(c.arrivals, at)
 	case http.StatusTooManyRequests:
 		c.counts.Limited++
+	case http.StatusForbidden:
+		c.counts.Forbidden++
 	case http.StatusServiceUnavailable:
 		c.counts.Unavailable++
 	default:
 		c.counts.Other++
+	}
+	switch why {
+	case causeRefused:
+		c.counts.Refused++
+	case causeStorm:
+		c.counts.Storms++
+	case causeBilling:
+		c.counts.Billing++
 	}
 }
 
@@ -42,7 +55,14 @@ type Stats struct {
 	Accepted    int // answered 200
 	Limited     int // answered 429 Too Many Requests
 	Unavailable int // answered 503 Service Unavailable
+	Forbidden   int // answered 403 Forbidden
 	Other       int // any other status, or no response
+
+	// Why the API refused, counted by the API only (a Counter fed by Add
+	// cannot tell, and leaves them 0). Each request is in at most one.
+	Refused int // over a limit: 429, or 403 in the GitHub and Salesforce dialects
+	Storms  int // throttled by Config.Storm while within the limits: 429 or 503
+	Billing int // answered 429 insufficient_quota (Config.InsufficientQuota)
 
 	// Arrivals is the time of each accepted request, in order.
 	Arrivals []time.Time
