@@ -11,8 +11,13 @@ import (
 // prefix), and the X-RateLimit-* families. docs/dialects.md lists what
 // each reads.
 
-// readBuiltin runs the built-in readers over resp, into s.
+// readBuiltin runs the built-in readers over resp, into s. A response
+// that is no 429 (whose body may speak) and has no header that may carry a
+// signal is passed over after one look at its header names.
 func readBuiltin(resp *http.Response, s *Signal) {
+	if resp.StatusCode != http.StatusTooManyRequests && !maySignal(resp.Header) {
+		return
+	}
 	retryReader{}.ReadSignal(resp, s)
 	ietfReader{field: hRateLimit, policy: hRateLimitPolicy}.ReadSignal(resp, s)
 	ietfReader{field: hBetaRateLimit, policy: hBetaRateLimitPolicy}.ReadSignal(resp, s)
@@ -27,6 +32,18 @@ func readBuiltin(resp *http.Response, s *Signal) {
 	stripeReader{}.ReadSignal(resp, s)
 	jiraReader{}.ReadSignal(resp, s)
 	zendeskReader{}.ReadSignal(resp, s)
+}
+
+// maySignal reports whether h has a header that a built-in reader may
+// read: every one of their names holds "imit" (RateLimit, Rate-Limit,
+// Call-Limit, Limited) or "Retry".
+func maySignal(h http.Header) bool {
+	for name := range h {
+		if strings.Contains(name, "imit") || strings.Contains(name, "Retry") {
+			return true
+		}
+	}
+	return false
 }
 
 // retryReader reads the waits and retry advice any provider may send:

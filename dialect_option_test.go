@@ -163,3 +163,26 @@ func TestDialectNoAllocations(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkReadSignal(b *testing.B) {
+	for _, bb := range []struct {
+		name    string
+		headers []string
+	}{
+		{"plain", []string{"Content-Type", "application/json", "Date", "Tue, 02 Jan 2024 03:04:05 GMT", "X-Request-Id", "req_123"}},
+		{"openai", []string{"x-ratelimit-limit-requests", "60", "x-ratelimit-limit-tokens", "150000",
+			"x-ratelimit-remaining-requests", "59", "x-ratelimit-remaining-tokens", "149984",
+			"x-ratelimit-reset-requests", "1s", "x-ratelimit-reset-tokens", "6m0s"}},
+		{"github", []string{"x-ratelimit-limit", "60", "x-ratelimit-remaining", "42", "x-ratelimit-used", "18",
+			"x-ratelimit-reset", "1704164705", "x-ratelimit-resource", "core"}},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			resp := sigResponse(200, bb.headers, "")
+			now := raNow()
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				readSignal(resp, now, now, time.Minute)
+			}
+		})
+	}
+}

@@ -391,5 +391,8 @@ func TestDialectHeaderNamesAreCanonical(t *testing.T) {
 		if c := http.CanonicalHeaderKey(h); c != h {
 			t.Errorf("%q is not canonical (%q): its lookup would miss", h, c)
 		}
+		if !maySignal(http.Header{h: {"1"}}) {
+			t.Errorf("%q would be passed over by maySignal", h)
+		}
 	}
 }

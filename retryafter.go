@@ -93,7 +93,12 @@ type rateLimitHint struct {
 	HasWindow    bool          //
 }
 
-// parseRateLimit reads X-RateLimit-Limit/Remaining/Reset, RateLimit-Limit/
+// parseRateLimit folds the rate-limit headers of a response into one hint.
+// Responses are read through the SignalReaders (dialect*.go), which keep
+// every quota apart; this summary stays for the code that still takes a
+// rateLimitHint, and goes when none does.
+//
+// It reads X-RateLimit-Limit/Remaining/Reset, RateLimit-Limit/
 // Remaining/Reset, the structured IETF `RateLimit` field ("default";r=0;t=30)
 // and `RateLimit-Policy` ("default";q=50;w=1), relative to now, with Reset
 // capped at max (max > 0; a max <= 0 caps Reset at 0).
