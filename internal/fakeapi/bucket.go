@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// bucket is the provider's own limit: a token bucket of capacity burst,
-// refilled at rate tokens per second. Its methods take the time as an
+// bucket is a TokenBucket limit (and the API's only limit when
+// Config.Limits is empty): a token bucket of capacity burst, refilled at
+// rate tokens per second. Its methods take the time as an
 // argument, so the tests need no clock; a time before the last one seen
 // refills nothing. It is not safe for concurrent use: the API guards it.
 type bucket struct {

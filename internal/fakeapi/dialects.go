@@ -12,7 +12,11 @@ import (
 // error bodies the API imitates, with the literal formats the providers
 // send. Each writes the limits on every response (unless a storm is Bare);
 // a dialect that reports one limit per dimension reports the one with the
-// fewest units left, or the one that refused the request.
+// fewest units left, or the one that refused the request, and writes
+// nothing for a dimension no limit counts (OpenAI's tokens without a
+// Tokens limit). Counts are whole units: a bucket's limit is its capacity
+// (Limit.Quota), except in the IETF dialect, which has always written a
+// bucket's rate over w=1.
 type Dialect int
 
 const (

@@ -16,7 +16,8 @@
 // A request within the limit can still be answered 503 (a share of them,
 // Config.Unavailable, drawn from a seeded generator) and every response is
 // delayed by Config.Latency. A POST must carry a form with an "amount", as
-// a charge does; one without is answered 400. The API counts what it
+// a charge does, or a JSON object, as a completion does; one without is
+// answered 400. The API counts what it
 // answered and when it accepted each request: see Stats.
 //
 //	api, err := fakeapi.Start(fakeapi.Config{Rate: 50, Burst: 10, Advertise: true})
@@ -34,7 +35,8 @@
 // error bodies, and Config.BucketReset says what a bucket's reset means.
 // Config.Storm throttles a share of the requests the limits would accept
 // (a lock timeout, load shedding), and Config.InsufficientQuota answers a
-// share with OpenAI's billing error:
+// share with OpenAI's billing error. Stats tells quota refusals, storms
+// and billing errors apart:
 //
 //	api, err := fakeapi.Start(fakeapi.Config{
 //		Limits:  []fakeapi.Limit{fakeapi.Bucket(10, 10), fakeapi.Fixed(300, time.Minute)},
