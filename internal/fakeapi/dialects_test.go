@@ -411,3 +411,24 @@ func TestFormats(t *testing.T) {
 	assert.Equal(t, "64.570", decimalSeconds(64570*time.Millisecond))
 	assert.Equal(t, 2.0, ceilTenths(1901*time.Millisecond))
 }
+
+// TestBucketReset: a bucket's reset is until full (GCRA) or until the next
+// unit, as Config.BucketReset says.
+func TestBucketReset(t *testing.T) {
+	for _, c := range []struct {
+		mode  ResetMode
+		reset []int64 // RateLimit-Reset after each of 3 requests, the last refused
+	}{
+		{ResetFull, []int64{10, 20, 20}}, // 0.1/s, burst 2: 10 s a token
+		{ResetNext, []int64{0, 10, 10}},
+	} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			api, cl := start(t, Config{Limits: []Limit{Bucket(0.1, 2)}, Dialect: IETFDraft, BucketReset: c.mode})
+			var got []int64
+			for range 3 {
+				got = append(got, num(t, send(t, cl, api, request{}).Header, "RateLimit-Reset"))
+			}
+			assert.Equal(t, c.reset, got)
+		})
+	}
+}

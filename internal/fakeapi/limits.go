@@ -199,13 +199,11 @@ func newMeter(l Limit, now time.Time) meter {
 
 // The bucket as a meter (bucket.go holds its arithmetic).
 
-func (b *bucket) at(now time.Time) { b.refill(now) }
-func (b *bucket) room(n int) bool  { return b.tokens >= float64(n) }
-func (b *bucket) spend(n int)      { b.tokens -= float64(n) }
-func (b *bucket) left() int        { return b.remaining() }
-func (b *bucket) full() time.Duration {
-	return b.untilFull()
-}
+func (b *bucket) at(now time.Time)    { b.refill(now) }
+func (b *bucket) room(n int) bool     { return b.tokens >= float64(n) }
+func (b *bucket) spend(n int)         { b.tokens -= float64(n) }
+func (b *bucket) left() int           { return b.remaining() }
+func (b *bucket) full() time.Duration { return b.untilFull() }
 func (b *bucket) wait(n int) time.Duration {
 	return b.until(math.Min(float64(n), float64(b.burst)))
 }
