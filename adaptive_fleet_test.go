@@ -38,7 +38,7 @@ const (
 // adpInstance is one instance of the fleet.
 type adpInstance struct {
 	lim    Limiter
-	adj    rateAdjuster
+	adj    interface{ EffectiveRate(key string) Rate }
 	tr     *Transport
 	client *http.Client
 	rec    *rateChanges
@@ -47,12 +47,12 @@ type adpInstance struct {
 // adpFleet builds n instances sharing the limiter name in srv, at the
 // configured rate and burst burst, each with its own Redis client and
 // Transport (with WithRetry and opts).
-func adpFleet(t *testing.T, srv *redistest.Server, name string, n, burst int, opts ...Option) []*adpInstance {
+func adpFleet(t *testing.T, srv *redistest.Server, name string, n, burst int, opts ...SharedOption) []*adpInstance {
 	t.Helper()
 	var fleet []*adpInstance
 	for range n {
-		l := newSharedTB(t, srv.Client(t), name, PerSecond(adpRate), burst, WithCommandTimeout(roomyTimeout))
-		fleet = append(fleet, adpNewInstance(t, l, opts...))
+		l := newSharedTB(t, srv.Client(t), name, PerSecond(adpRate), burst, append([]SharedOption{WithCommandTimeout(roomyTimeout)}, opts...)...)
+		fleet = append(fleet, adpNewInstance(t, l))
 	}
 	return fleet
 }
@@ -65,7 +65,7 @@ func adpNewInstance(t *testing.T, l Limiter, opts ...Option) *adpInstance {
 	t.Cleanup(base.CloseIdleConnections) // before the provider closes
 	all := append([]Option{WithLimiter(l), WithRetry(RetryPolicy{MaxAttempts: 3}), WithObserver(rec.observer())}, opts...)
 	tr := mustNewTransport(t, base, all...)
-	return &adpInstance{lim: l, adj: l.(rateAdjuster), tr: tr, client: &http.Client{Transport: tr}, rec: rec}
+	return &adpInstance{lim: l, adj: l.(interface{ EffectiveRate(key string) Rate }), tr: tr, client: &http.Client{Transport: tr}, rec: rec}
 }
 
 // adpProvider starts the fake provider; its cleanup runs after the
@@ -319,7 +319,7 @@ func TestAdaptiveLocalDiscovers(t *testing.T) {
 	api := adpProvider(t, fakeapi.Config{Rate: 50, Burst: 10})
 	tb, err := NewTokenBucket(PerSecond(adpRate), adpBurst)
 	require.NoError(t, err)
-	in := adpNewInstance(t, tb, WithAdaptive(AdaptivePolicy{}))
+	in := adpNewInstance(t, tb)
 	fleet := []*adpInstance{in, in, in, in} // one Transport, 4·8 senders
 	r := adpDrive(t, api, fleet, 10*time.Second)
 	key := adpHostKey(api)
@@ -387,7 +387,7 @@ func TestAdaptiveFleetFollowsAdvertisedLimitChanges(t *testing.T) {
 
 // ---- 4. adaptive off ----
 
-// TestAdaptiveFleetOff: without WithAdaptive and without advertised
+// TestAdaptiveFleetOff: with WithoutDiscovery and without advertised
 // limits, 429s change no rate: EffectiveRate stays the configured 100/s on
 // every instance, no OnRateChange, and nothing is written to Redis beside
 // the bucket. (The throughput is logged: it is what it was before adaptive
@@ -396,7 +396,7 @@ func TestAdaptiveFleetOff(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	api := adpProvider(t, fakeapi.Config{Rate: 50, Burst: 10})
-	fleet := adpFleet(t, srv, "off", adpInstances, adpBurst)
+	fleet := adpFleet(t, srv, "off", adpInstances, adpBurst, WithoutDiscovery())
 	r := adpDrive(t, api, fleet, 3*time.Second)
 	key := adpHostKey(api)
 	r.log(t, fleet, key)
@@ -409,9 +409,9 @@ func TestAdaptiveFleetOff(t *testing.T) {
 	for s, got := range r.rates {
 		assert.Equal(t, float64(adpRate), got, "second %d", s+1)
 	}
-	n, err := rdb.Exists(context.Background(), adpRateKey("off", key)).Result()
+	n, err := rdb.HExists(context.Background(), adpRateKey("off", key), "wmax").Result()
 	require.NoError(t, err)
-	assert.Zero(t, n, "no learnt limit in Redis")
+	assert.False(t, n, "no discovered limit in Redis")
 }
 
 // ---- pauses and bursts ----

@@ -2,9 +2,9 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
@@ -32,10 +32,11 @@ import (
 // process; for a fleet, see the shared limiters. A LeakyBucket is safe for
 // simultaneous use by multiple goroutines.
 type LeakyBucket struct {
-	rate   Rate
-	depth  int
-	clock  clock.Clock
-	policy atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
+	rate  Rate
+	depth int
+	learn learnConfig
+	clock clock.Clock
+	seed  func(key string, now time.Time) *ctlState // a new key's controller state; nil: none
 
 	mu    sync.Mutex
 	lanes keyed[*lane] // guarded by mu
@@ -43,10 +44,11 @@ type LeakyBucket struct {
 
 // lane is one key's queue. All its fields are guarded by the bucket's mu.
 type lane struct {
-	next   time.Time   // the earliest time the next release may happen
-	queue  []*waiter   // waiting requests, in order of arrival; queue[0] is the head
-	queued int         // the sum of the costs in queue
-	adapt  *adaptState // nil while the key has learnt nothing
+	next   time.Time    // the earliest time the next release may happen
+	queue  []*waiter    // waiting requests, in order of arrival; queue[0] is the head
+	queued int          // the sum of the costs in queue
+	ctl    *ctlState    // nil while the key has learnt nothing
+	learn  *learnConfig // the limiter's
 }
 
 // waiter is a request in a lane's queue. Only its own goroutine releases it.
@@ -56,26 +58,39 @@ type waiter struct {
 }
 
 func (l *lane) atRest(now time.Time) bool {
-	return len(l.queue) == 0 && !l.next.After(now) && (l.adapt == nil || l.adapt.atRest(now))
+	return len(l.queue) == 0 && !l.next.After(now) && (l.ctl == nil || l.ctl.atRest(l.learn, now))
 }
 
 // NewLeakyBucket returns a leaky bucket per key that releases at rate r and
 // queues up to queueDepth cost units per key. A depth of 0 means no queue: a
-// request goes at once or is refused. It fails if r is not positive or
-// queueDepth < 0.
-func NewLeakyBucket(r Rate, queueDepth int) (*LeakyBucket, error) {
-	if err := r.validate("NewLeakyBucket: rate"); err != nil {
+// request goes at once or is refused. It fails if r is not positive,
+// queueDepth < 0 or an option is invalid. The options say how keys learn
+// from responses (by default: advertised limits and discovery on).
+func NewLeakyBucket(r Rate, queueDepth int, opts ...LimiterOption) (*LeakyBucket, error) {
+	const op = "NewLeakyBucket"
+	if err := r.validate(op + ": rate"); err != nil {
 		return nil, err
 	}
 	if queueDepth < 0 {
-		return nil, configError("NewLeakyBucket: queueDepth", queueDepth, "must be at least 0")
+		return nil, configError(op+": queueDepth", queueDepth, "must be at least 0")
 	}
-	return newLeakyBucket(r, queueDepth), nil
+	o := collectLearn(op, opts)
+	if err := errors.Join(o.errs...); err != nil {
+		return nil, err
+	}
+	lc, err := learnSettings(op, r, o)
+	if err != nil {
+		return nil, err
+	}
+	lb := newLeakyBucket(r, queueDepth)
+	lb.learn = lc
+	return lb, nil
 }
 
-// newLeakyBucket is NewLeakyBucket for settings known to be valid.
+// newLeakyBucket is NewLeakyBucket for settings known to be valid, learning
+// as by default.
 func newLeakyBucket(r Rate, queueDepth int) *LeakyBucket {
-	return &LeakyBucket{rate: r, depth: queueDepth, clock: clock.Real{}, lanes: newKeyed[*lane]()}
+	return &LeakyBucket{rate: r, depth: queueDepth, learn: defaultLearn(r), clock: clock.Real{}, lanes: newKeyed[*lane]()}
 }
 
 // Wait implements Limiter: it waits for the request's turn in key's queue.
@@ -126,7 +141,7 @@ func (lb *LeakyBucket) arrive(key string, cost int, b budget) (w *waiter, now ti
 	defer lb.mu.Unlock()
 	now = lb.clock.Now() // read under mu, so that releases are in time order
 	l := lb.lane(key, now)
-	r := effective(l.adapt, lb.rate, now)
+	r := effectiveRate(l.ctl, &lb.learn, lb.rate, now)
 	if len(l.queue) == 0 && !l.next.After(now) {
 		l.next = now.Add(durationOf(cost, r))
 		return nil, now, nil
@@ -167,7 +182,7 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 	if l.next.After(now) {
 		return l.next.Sub(now), now, false
 	}
-	gap := durationOf(w.cost, effective(l.adapt, lb.rate, now))
+	gap := durationOf(w.cost, effectiveRate(l.ctl, &lb.learn, lb.rate, now))
 	at = l.next
 	if now.Sub(at) > gap {
 		at = now
@@ -202,7 +217,10 @@ func (lb *LeakyBucket) lane(key string, now time.Time) *lane {
 	if l, ok := lb.lanes.get(key, now); ok {
 		return l
 	}
-	l := &lane{}
+	l := &lane{learn: &lb.learn}
+	if lb.seed != nil {
+		l.ctl = lb.seed(key, now)
+	}
 	lb.lanes.put(key, l)
 	return l
 }
@@ -211,8 +229,8 @@ func (lb *LeakyBucket) lane(key string, now time.Time) *lane {
 func (lb *LeakyBucket) Rate() Rate { return lb.rate }
 
 // EffectiveRate returns the rate key is released at now: the configured
-// rate, or lower when the provider advertised a lower limit or, in adaptive
-// mode, throttled the key (see WithAdaptive).
+// rate, or lower when the provider advertised a lower limit or discovery
+// lowered it (see WithAdaptive).
 func (lb *LeakyBucket) EffectiveRate(key string) Rate {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
@@ -220,16 +238,22 @@ func (lb *LeakyBucket) EffectiveRate(key string) Rate {
 	if !ok {
 		return lb.rate
 	}
-	return effective(l.adapt, lb.rate, lb.clock.Now())
+	return effectiveRate(l.ctl, &lb.learn, lb.rate, lb.clock.Now())
 }
 
-func (lb *LeakyBucket) setAdaptive(p AdaptivePolicy) { lb.policy.Store(&p) }
-
-// learn applies what a response taught about key's limit.
-func (lb *LeakyBucket) learn(_ context.Context, key string, ls lesson) (old, new float64, err error) {
+// Learn implements Learner: key's controller applies what a response said
+// (see controller.go). A hold moves the key's next release to its end; the
+// queue then drains at the rate from there.
+func (lb *LeakyBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	now := lb.clock.Now()
-	old, new = learnInto(&lb.lane(key, now).adapt, lb.rate, lb.policy.Load(), now, ls)
-	return old, new, nil
+	l := lb.lane(key, lb.clock.Now())
+	if l.ctl == nil {
+		l.ctl = &ctlState{}
+	}
+	d := l.ctl.learn(&lb.learn, &s)
+	if !d.Hold.IsZero() {
+		l.next = maxTime(l.next, d.Hold)
+	}
+	return d
 }

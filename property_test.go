@@ -225,7 +225,7 @@ func propRunToken(tb *TokenBucket, fc *clock.Fake, s propTokenSchedule) []propOu
 	for i, a := range s.arrivals {
 		fc.Advance(a.gap)
 		now := fc.Now()
-		_, _, delay, err := tb.reserve(a.key, a.cost, a.budget(now))
+		delay, err := delayOf(tb.reserve(a.key, a.cost, a.budget(now)))
 		o := propOutcome{i: i, at: now.Sub(limiterEpoch), key: a.key, cost: a.cost, delay: delay, event: "arrive"}
 		if err != nil {
 			le, lerr := propLimitErr(err)

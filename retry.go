@@ -188,7 +188,7 @@ func (e *RetryError) Unwrap() []error {
 // worthRetry applies the rules of RetryPolicy to one attempt, before
 // attempts, time and budget are counted. hasRetryAfter says whether the
 // response carried a usable Retry-After.
-func (p *RetryPolicy) worthRetry(req *http.Request, resp *http.Response, err error, hasRetryAfter bool) bool {
+func (p *RetryPolicy) worthRetry(req *http.Request, resp *http.Response, err error, s *Signal) bool {
 	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
 		return false // it cannot be sent again
 	}
@@ -198,13 +198,21 @@ func (p *RetryPolicy) worthRetry(req *http.Request, resp *http.Response, err err
 	case RetryYes:
 		return true
 	}
+	// The provider's own word (x-should-retry, Stripe-Should-Retry, a
+	// billing error) comes next.
+	switch {
+	case s.Scope == ScopeBilling || s.Retry == RetryNo:
+		return false
+	case s.Retry == RetryYes && (err == nil && (s.throttled() || idempotent(req))):
+		return true
+	}
 	switch {
 	case err != nil:
 		return transient(req, err) && idempotent(req)
 	case !slices.Contains(p.RetryableStatuses, resp.StatusCode):
 		return false
 	case resp.StatusCode == http.StatusTooManyRequests,
-		resp.StatusCode == http.StatusServiceUnavailable && hasRetryAfter:
+		resp.StatusCode == http.StatusServiceUnavailable && s.HasRetryAfter:
 		return true // not processed: safe for any method
 	}
 	return idempotent(req)

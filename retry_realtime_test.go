@@ -342,7 +342,7 @@ func TestRealTimeRetryAfterAboveTheCap(t *testing.T) {
 				defer mu.Unlock()
 				pauses = append(pauses, pauseSeen{key, until, time.Now()})
 			}
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5, MaxRetryAfter: capWait}, WithObserver(obs))
+			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5, MaxRetryAfter: capWait}, WithObserver(obs), WithMaxPause(capWait))
 
 			start := time.Now()
 			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))

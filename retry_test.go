@@ -340,17 +340,22 @@ func TestRetryPolicyDefaults(t *testing.T) {
 			require.NoError(t, err)
 			require.NotNil(t, tr.retry)
 			assert.Equal(t, tt.want, *tr.retry)
-			assert.Equal(t, tt.want.MaxRetryAfter, tr.maxRetryAfter, "the Transport caps learnt waits at MaxRetryAfter")
 			assert.Equal(t, tt.want.BudgetRatio, tr.budget.ratio)
 			assert.Equal(t, tt.want.BudgetFloor, tr.budget.floor)
 		})
 	}
 
-	t.Run("without WithRetry learnt waits are capped at a minute", func(t *testing.T) {
+	t.Run("holds are capped at a minute, or WithMaxPause", func(t *testing.T) {
 		tr, err := New(nil)
 		require.NoError(t, err)
 		assert.Nil(t, tr.retry)
-		assert.Equal(t, time.Minute, tr.maxRetryAfter)
+		assert.Equal(t, time.Minute, tr.maxPause)
+		tr, err = New(nil, WithRetry(RetryPolicy{MaxRetryAfter: time.Hour}), WithMaxPause(5*time.Second))
+		require.NoError(t, err)
+		assert.Equal(t, 5*time.Second, tr.maxPause, "MaxRetryAfter does not set the pause cap")
+		_, err = New(nil, WithMaxPause(0))
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		assert.Contains(t, err.Error(), "WithMaxPause")
 	})
 
 	t.Run("the caller's status list is copied", func(t *testing.T) {

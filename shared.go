@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -65,9 +66,15 @@ func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst 
 		return nil, err
 	}
 	s.shape, s.burst, s.capacity, s.depth = "tb", burst, burst, -1
+	s.usable = float64(burst) - jitterMargin(r, burst, s.cfg.learn.transitMargin())
 	// The fallback keeps the whole burst, so that every cost granted in
 	// shared mode is still granted while Redis is down.
-	s.local = func(share Rate) Limiter { return newTokenBucket(share, burst) }
+	s.local = func(share Rate) Limiter {
+		tb := newTokenBucket(share, burst)
+		tb.learn, tb.seed = s.fallbackLearn(share), s.seedFallback
+		tb.margin = jitterMargin(share, burst, s.cfg.learn.transitMargin())
+		return tb
+	}
 	s.start()
 	return &SharedTokenBucket{s}, nil
 }
@@ -85,7 +92,11 @@ func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueD
 		return nil, err
 	}
 	s.shape, s.burst, s.capacity, s.depth = "lb", 0, max(queueDepth, 1), queueDepth
-	s.local = func(share Rate) Limiter { return newLeakyBucket(share, queueDepth) }
+	s.local = func(share Rate) Limiter {
+		lb := newLeakyBucket(share, queueDepth)
+		lb.learn, lb.seed = s.fallbackLearn(share), s.seedFallback
+		return lb
+	}
 	s.start()
 	return &SharedLeakyBucket{s}, nil
 }
@@ -101,6 +112,7 @@ type sharedConfig struct {
 	fallbackRate Rate // zero: the learnt share
 	onFallback   func(name string, active bool, err error)
 	heartbeat    time.Duration
+	learn        learnOptions
 	errs         []error
 }
 
@@ -179,21 +191,23 @@ type shared struct {
 	name     string
 	shape    string // "tb" or "lb", in key names
 	rate     Rate
-	burst    int // 0 for the pacer
-	capacity int // the largest cost ever granted
-	depth    int // pacer: the queue depth in cost units; -1 for none
+	burst    int     // 0 for the pacer
+	usable   float64 // the burst less the jitter margin (see jitterMargin); 0 for the pacer
+	capacity int     // the largest cost ever granted
+	depth    int     // pacer: the queue depth in cost units; -1 for none
 	cfg      sharedConfig
 	id       string // this instance, in the fleet's heartbeat set
 	clock    clock.Clock
 	local    func(share Rate) Limiter // the fallback at a share of the rate
 	coalesce bool                     // false only in measurements
 
-	reserveScript, pauseScript, heartbeatScript, learnScript *redis.Script
-	policy                                                   atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
+	learn                                         learnConfig
+	reserveScript, controlScript, heartbeatScript *redis.Script
 
 	roundTrips, admitted atomic.Int64
 	live                 atomic.Int64
 	fallback             atomic.Pointer[fallbackState] // nil in shared mode
+	fallbackShare        atomic.Uint64                 // float64 bits: the fallback's rate over the configured one
 
 	mu     sync.Mutex
 	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
@@ -231,19 +245,24 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		}
 		o.applyShared(&cfg)
 	}
+	cfg.errs = append(cfg.errs, cfg.learn.errs...)
 	if err := errors.Join(cfg.errs...); err != nil {
+		return nil, err
+	}
+	lc, err := learnSettings(op, r, cfg.learn)
+	if err != nil {
 		return nil, err
 	}
 	var id [8]byte
 	rand.Read(id[:])
 	s := &shared{
 		rdb: rdb, name: name, rate: r, cfg: cfg, id: hex.EncodeToString(id[:]),
+		learn:           lc,
 		clock:           clock.Real{},
 		coalesce:        true,
 		reserveScript:   redis.NewScript(lua.Reserve),
-		pauseScript:     redis.NewScript(lua.Pause),
+		controlScript:   redis.NewScript(lua.Control),
 		heartbeatScript: redis.NewScript(lua.Heartbeat),
-		learnScript:     redis.NewScript(lua.Learn),
 		learnt:          newKeyed[*learntRate](),
 		lanes:           newKeyed[*batchLane](),
 		pauses:          make(map[string]pauseMark),
@@ -335,31 +354,6 @@ func (s *shared) pausedSince(id string, since time.Time) bool {
 	return ok && p.heard.After(since) && p.until.After(s.clock.Now())
 }
 
-// Pause implements Pauser: it holds key for the whole fleet until until. The
-// pause is written to Redis beside the bucket and announced on a channel, so
-// that turns already reserved are given up and reserved again after it.
-func (s *shared) Pause(ctx context.Context, key string, until time.Time) error {
-	now := s.clock.Now()
-	d := until.Sub(now)
-	if d <= 0 {
-		return nil
-	}
-	id := keyID(key)
-	keys := s.redisKeys(id)
-	args := s.adaptiveArgs([]any{micros(d), s.channel(), id, s.rate.PerSecond()})
-	args = append(args, s.burst)
-	err := s.do(ctx, func(ctx context.Context) error {
-		return s.pauseScript.Run(ctx, s.rdb, []string{keys[1], keys[0], keys[2]}, args...).Err()
-	})
-	// Heard once the script has run: a turn reserved before then may have
-	// been given inside the pause, and is given up.
-	s.heard(id, until, s.clock.Now())
-	if err != nil {
-		return fmt.Errorf("egress: shared limiter %s: pause: %w", s.name, err)
-	}
-	return nil
-}
-
 // heard records a pause of key id until until, heard at now.
 func (s *shared) heard(id string, until, now time.Time) {
 	s.mu.Lock()
@@ -407,13 +401,16 @@ func (s *shared) Close() error {
 // instanceTTL is how long an instance counts as live after its heartbeat.
 func (s *shared) instanceTTL() time.Duration { return 3 * s.cfg.heartbeat }
 
-// failed switches to the fallback after a Redis error.
+// failed switches to the fallback after a Redis error. The fallback holds
+// each key to its share of the rate the fleet learnt for it (advertised or
+// discovered), not of the configured one.
 func (s *shared) failed(err error) {
 	share := s.cfg.fallbackRate
 	live := int(max(1, s.live.Load()))
 	if share == (Rate{}) {
 		share = Rate{n: s.rate.n / float64(live), per: s.rate.per}
 	}
+	s.fallbackShare.Store(math.Float64bits(share.PerSecond() / s.rate.PerSecond()))
 	if s.fallback.CompareAndSwap(nil, &fallbackState{limiter: s.local(share)}) && s.cfg.onFallback != nil {
 		s.cfg.onFallback(s.name, true, err)
 	}

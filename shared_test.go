@@ -108,6 +108,14 @@ func (tl timeline) excused(i, j int, short time.Duration) bool {
 	return false
 }
 
+// holdKey holds key of l for the fleet until until, as a 429 with that
+// Retry-After and no count does when a Transport hands it to l, and
+// returns the Decision's error.
+func holdKey(ctx context.Context, l Learner, key string, until time.Time) error {
+	now := time.Now()
+	return l.Learn(ctx, key, Signal{Now: now, Status: 429, RetryAfter: until.Sub(now), HasRetryAfter: true}).Err
+}
+
 // newSharedTB makes a SharedTokenBucket that t's cleanup closes (before the
 // clients made earlier are closed: cleanups run last-in first-out).
 func newSharedTB(t *testing.T, rdb redis.UniversalClient, name string, r Rate, burst int, opts ...SharedOption) *SharedTokenBucket {
@@ -611,7 +619,7 @@ func TestSharedKeys(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, admin.Set(ctx, "sentinel", "v", 0).Err())
 
-	alpha := newSharedTB(t, srv.Client(t), "alpha", PerSecond(2), 5, WithCommandTimeout(roomyTimeout))
+	alpha := newSharedTB(t, srv.Client(t), "alpha", PerSecond(2), 5, WithCommandTimeout(roomyTimeout), WithTransitMargin(0))
 	beta := newSharedTB(t, srv.Client(t), "beta", PerSecond(10), 5, WithCommandTimeout(roomyTimeout))
 	pacer := newSharedLB(t, srv.Client(t), "gamma.pacer", PerSecond(10), 10, WithCommandTimeout(roomyTimeout))
 
@@ -644,7 +652,7 @@ func TestSharedKeys(t *testing.T) {
 		}()
 	}
 	require.Eventually(t, func() bool { return pacer.Stats().Admitted == 3 }, time.Second, time.Millisecond)
-	require.NoError(t, alpha.Pause(ctx, "api.example.com", time.Now().Add(time.Second)))
+	require.NoError(t, holdKey(ctx, alpha, "api.example.com", time.Now().Add(time.Second)))
 
 	keys, err := admin.Keys(ctx, "*").Result()
 	require.NoError(t, err)
@@ -1051,7 +1059,7 @@ func TestSharedFleetPause(t *testing.T) {
 
 	p0 := time.Now()
 	until := p0.Add(time.Second)
-	require.NoError(t, a.Pause(ctx, key, until))
+	require.NoError(t, holdKey(ctx, a, key, until))
 	// B hears it on the channel.
 	require.Eventually(t, func() bool {
 		b.mu.Lock()
@@ -1062,7 +1070,7 @@ func TestSharedFleetPause(t *testing.T) {
 	t.Logf("B heard the pause %v after Pause began", time.Since(p0).Round(time.Microsecond))
 
 	// A shorter pause keeps the longer one.
-	require.NoError(t, a.Pause(ctx, key, p0.Add(300*time.Millisecond)))
+	require.NoError(t, holdKey(ctx, a, key, p0.Add(300*time.Millisecond)))
 	pk := "egress:{pause:" + id + "}:pause"
 	left, err := admin.PTTL(ctx, pk).Result()
 	require.NoError(t, err)
@@ -1133,7 +1141,7 @@ func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	// Pause from ~t0+30ms to t0+380ms: the turn at t0+100ms is inside. After
 	// it, the waiter has 200ms of its 300ms left and the pause 280ms.
 	time.Sleep(time.Until(t0.Add(30 * time.Millisecond)))
-	require.NoError(t, a.Pause(ctx, "k", t0.Add(380*time.Millisecond)))
+	require.NoError(t, holdKey(ctx, a, "k", t0.Add(380*time.Millisecond)))
 	r := <-res
 	waited := r.at.Sub(t0)
 	if r.err == nil {
@@ -1204,13 +1212,13 @@ func TestSharedCluster(t *testing.T) {
 	t.Run("pause", func(t *testing.T) {
 		a, b := tbs[0].(*SharedTokenBucket), tbs[1].(*SharedTokenBucket)
 		until := time.Now().Add(400 * time.Millisecond)
-		require.NoError(t, a.Pause(ctx, "paused", until))
+		require.NoError(t, holdKey(ctx, a, "paused", until))
 		_, err := b.Wait(ctx, "paused", 1, 0)
 		require.NoError(t, err)
 		assert.False(t, time.Now().Before(until.Add(-5*time.Millisecond)), "B waits out A's pause")
 		pl, ok := lbs[1].(*SharedLeakyBucket)
 		require.True(t, ok)
-		require.NoError(t, lbs[0].(*SharedLeakyBucket).Pause(ctx, "paused", time.Now().Add(200*time.Millisecond)))
+		require.NoError(t, holdKey(ctx, lbs[0].(*SharedLeakyBucket), "paused", time.Now().Add(200*time.Millisecond)))
 		start := time.Now()
 		_, err = pl.Wait(ctx, "paused", 1, 0)
 		require.NoError(t, err)

@@ -75,14 +75,17 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 	// cannot wait that long is refused at once, not after the lead's call.
 	// (Its turn is at least its own cost after the last held one in a
 	// token bucket, at least one unit after it in a pacer.)
+	// The rate is the one the script last said the key is held to, which
+	// the script itself uses (not the configured one).
 	if l.held.After(now) {
 		after := cost
 		if s.burst == 0 {
 			after = 1
 		}
-		wait := l.held.Sub(now) + durationOf(after, s.rate)
+		r := s.learntRateLocked(id)
+		wait := l.held.Sub(now) + durationOf(after, r)
 		switch {
-		case s.depth >= 0 && wait > durationOf(s.depth, s.rate):
+		case s.depth >= 0 && wait > durationOf(s.depth, r):
 			s.mu.Unlock()
 			return reserved{code: 2, wait: wait}
 		case !p.limit.IsZero() && now.Add(wait).After(p.limit):
@@ -156,8 +159,8 @@ func (s *shared) lead(id string, l *batchLane) {
 // runReserve runs the reservation script for batch: one round trip.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 	args := make([]any, 0, 6+2*len(batch))
-	args = append(args, s.rate.PerSecond(), s.burst, s.depth)
-	args = s.adaptiveArgs(args)
+	args = append(args, s.rate.PerSecond(), s.usable, s.depth)
+	args = s.learnArgs(args)
 	now := s.clock.Now()
 	for _, p := range batch {
 		maxWait := int64(-1) // none

@@ -3,20 +3,29 @@ package egress
 import (
 	"context"
 	"fmt"
+	"math"
+	"net/http"
 	"time"
 )
 
-// The shared limiters keep a key's learnt limit in Redis beside its bucket
-// (see adaptive.go and internal/lua/rate.lua): the reservation script reads
-// it on every decision, so one instance's lesson holds for the fleet at
-// once.
+// The shared limiters keep a key's controller state in Redis beside its
+// bucket (see controller.go and internal/lua/control.lua): the reservation
+// script reads the learnt rate and the hold on every decision, so one
+// instance's lesson holds for the fleet at once. Each instance keeps a
+// little of it too (learntRate): the rate and shape the last reply said,
+// and the key's recent outcomes, from which it estimates the limit.
 
-// learntRate is what this instance last saw of a key's rate.
+// learntRate is what this instance knows of a key's controller. Guarded by
+// the shared limiter's mu.
 type learntRate struct {
 	rate       float64   // units per second, from the last script reply
 	seen       time.Time // when
+	shape      shape     // from the last control reply
+	zeroAt     time.Time // a "remaining 0" this instance sent to Redis
+	zeroUntil  time.Time // its reset
 	advertised float64   // the advertised limit this instance last wrote
 	wrote      time.Time // when
+	meter      meter
 }
 
 func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
@@ -26,99 +35,214 @@ func (s *shared) Rate() Rate { return s.rate }
 
 // EffectiveRate returns the rate key was held to in this instance's last
 // decision on it (no Redis round trip): the configured rate, or lower when
-// the provider advertised a lower limit or, in adaptive mode, throttled the
-// key — anywhere in the fleet.
+// the provider advertised a lower limit or discovery lowered it, anywhere
+// in the fleet.
 func (s *shared) EffectiveRate(key string) Rate {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if l, ok := s.learnt.m[keyID(key)]; ok && l.rate < s.rate.PerSecond()*(1-1e-12) {
+	return s.learntRateLocked(keyID(key))
+}
+
+// learntRateLocked returns key id's rate as last seen. The caller holds mu.
+func (s *shared) learntRateLocked(id string) Rate {
+	if l, ok := s.learnt.m[id]; ok && l.rate < s.rate.PerSecond()*(1-1e-12) {
 		return PerSecond(l.rate)
 	}
 	return s.rate
 }
 
-func (s *shared) setAdaptive(p AdaptivePolicy) { s.policy.Store(&p) }
-
-// adaptiveArgs appends the scripts' adaptive-mode arguments: beta, C and
-// floor, or zeros when adaptive mode is off.
-func (s *shared) adaptiveArgs(args []any) []any {
-	if p := s.policy.Load(); p != nil {
-		return append(args, p.Beta, p.C, p.Floor.PerSecond())
+// learnArgs are the scripts' discovery arguments: on or off, C and floor.
+func (s *shared) learnArgs(args []any) []any {
+	on := 0
+	if s.learn.discover {
+		on = 1
 	}
-	return append(args, 0, 0, 0)
+	return append(args, on, s.learn.c, s.learn.floor)
 }
 
-// seen records the rate a script reply gave for key id.
-func (s *shared) seen(id string, rate float64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.clock.Now()
+// seen records the rate a script reply gave for key id, and returns its
+// state. The caller holds mu.
+func (s *shared) seenLocked(id string, rate float64, now time.Time) *learntRate {
 	l, ok := s.learnt.get(id, now)
 	if !ok {
-		if rate >= s.rate.PerSecond() {
-			return // nothing learnt: nothing to remember
-		}
 		l = &learntRate{}
 		s.learnt.put(id, l)
 	}
 	l.rate, l.seen = rate, now
+	return l
 }
 
-// learn writes what a response taught about key's limit to Redis, for the
-// fleet. An advertised limit this instance wrote lately is not written
-// again: providers repeat it on every response.
-func (s *shared) learn(ctx context.Context, key string, ls lesson) (old, new float64, err error) {
-	id := keyID(key)
+// seen records the rate a reservation reply gave for key id.
+func (s *shared) seen(id string, rate float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := s.clock.Now()
-	if !ls.throttled && s.wroteLately(id, ls.advertised, now) {
-		r := s.EffectiveRate(key).PerSecond()
-		return r, r, nil
+	if _, ok := s.learnt.m[id]; !ok && rate >= s.rate.PerSecond() {
+		return // nothing learnt: nothing to remember
 	}
-	age := int64(0)
-	if !ls.sentAt.IsZero() {
-		age = micros(now.Sub(ls.sentAt))
+	s.seenLocked(id, rate, now)
+}
+
+// Learn implements Learner for the fleet: key's controller runs in Redis
+// (one script call) when the response says something the fleet must know —
+// an exhausted quota, an advertised limit not written lately, the answer to
+// a "remaining 0" that tells the quota's shape — and in the process
+// otherwise. While Redis is unreachable the fallback limiter learns instead.
+func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
+	if fb := s.fallback.Load(); fb != nil {
+		return fb.limiter.(Learner).Learn(ctx, key, sig)
 	}
-	throttled := 0
-	if ls.throttled {
-		throttled = 1
+	ctx = context.WithoutCancel(ctx)
+	id := keyID(key)
+	q, hasQ := sig.requestQuota()
+	ev := classify(&sig, q, hasQ)
+	adv := 0.0
+	if s.learn.advertise {
+		adv = sig.advertised()
 	}
-	args := s.adaptiveArgs([]any{s.rate.PerSecond()})
-	args = append(args, ls.advertised, micros(advertisedTTL), throttled, age, max(micros(ls.resume.Sub(now)), 0))
+	accepted := sig.Status >= 200 && sig.Status < 300
+
+	s.mu.Lock()
+	now := s.clock.Now()
+	l, ok := s.learnt.get(id, now)
+	if !ok {
+		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
+		s.learnt.put(id, l)
+	}
+	l.meter.add(sig.SentAt, ev == evExhausted, sig.Status != 0 && !sig.throttled())
+	est, hasEst := l.meter.estimate(now, l.rate)
+	call := false
+	switch ev {
+	case evExhausted:
+		// A bucket refills continuously: a "remaining 0" it answers a
+		// success with holds for one unit only, which the rate does anyway.
+		call = sig.throttled() || l.shape != shapeBucket
+	case evNone:
+		call = (adv > 0 && !(l.advertised == adv && now.Sub(l.wrote) < advertisedTTL/2)) ||
+			(accepted && l.shape == shapeUnknown && !l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
+	}
+	s.mu.Unlock()
+
+	var d Decision
+	if (ev == evOther || ev == evExhausted) && sig.RetryAfter > 0 {
+		d.NotBefore = sig.Now.Add(sig.RetryAfter)
+	}
+	if !call {
+		return d
+	}
+	if !hasEst {
+		est = 0
+	}
+	old, new, held, shp, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est)
+	if err != nil {
+		d.Err = fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
+		s.failed(err)
+		if fb := s.fallback.Load(); fb != nil {
+			fd := fb.limiter.(Learner).Learn(ctx, key, sig)
+			fd.Err = d.Err
+			return fd
+		}
+		return d
+	}
+	now = s.clock.Now()
+	if held > 0 {
+		d.Hold = now.Add(held)
+		s.heard(id, d.Hold, now)
+	}
+	s.mu.Lock()
+	l = s.seenLocked(id, new, now)
+	l.shape = shp
+	if hasQ && q.HasRemaining && q.Remaining == 0 && q.HasReset {
+		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
+	}
+	if adv > 0 {
+		l.advertised, l.wrote = adv, now
+	}
+	s.mu.Unlock()
+	if old != new {
+		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
+		if new < old && ev == evExhausted && sig.throttled() {
+			d.Why = "throttled"
+		}
+	}
+	return d
+}
+
+// control runs the control script for key id: one round trip.
+func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64) (old, new float64, held time.Duration, shp shape, err error) {
+	flag := func(b bool) int {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	ago, reset, ra := int64(-1), int64(-1), int64(-1)
+	if !sig.SentAt.IsZero() {
+		ago = max(micros(sig.Now.Sub(sig.SentAt)), 0)
+	}
+	if hasQ && q.HasReset {
+		reset = micros(q.Reset)
+	}
+	if sig.HasRetryAfter {
+		ra = micros(sig.RetryAfter)
+	}
+	on := 0
+	if s.learn.discover {
+		on = 1
+	}
+	args := []any{
+		s.rate.PerSecond(), on, s.learn.c, s.learn.floor, s.learn.beta,
+		adv, micros(advertisedTTL),
+		flag(ev == evExhausted), flag(sig.throttled()), flag(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices), ago,
+		reset, flag(hasQ && q.HasRemaining && q.Remaining == 0), ra,
+		est, s.usable, micros(probeHold), s.channel(), id,
+	}
+	keys := s.redisKeys(id)
 	var reply []any
 	err = s.do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = s.learnScript.Run(ctx, s.rdb, s.redisKeys(id)[2:], args...).Slice()
+		reply, err = s.controlScript.Run(ctx, s.rdb, []string{keys[2], keys[1], keys[0]}, args...).Slice()
 		return err
 	})
-	if err == nil {
-		var ok1, ok2 bool
-		if len(reply) == 2 {
-			old, ok1 = parseRate(reply[0])
-			new, ok2 = parseRate(reply[1])
-		}
-		if !ok1 || !ok2 {
-			err = fmt.Errorf("malformed reply %v", reply)
-		}
-	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
+		return 0, 0, 0, 0, err
 	}
-	s.seen(id, new)
-	if ls.advertised > 0 {
-		s.mu.Lock()
-		if l, ok := s.learnt.m[id]; ok {
-			l.advertised, l.wrote = ls.advertised, now
+	var ok1, ok2 bool
+	if len(reply) == 4 {
+		old, ok1 = parseRate(reply[0])
+		new, ok2 = parseRate(reply[1])
+		h, ok3 := reply[2].(int64)
+		sh, ok4 := reply[3].(int64)
+		if ok1 && ok2 && ok3 && ok4 && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) {
+			return old, new, time.Duration(h) * time.Microsecond, shape(sh), nil
 		}
-		s.mu.Unlock()
 	}
-	return old, new, nil
+	return 0, 0, 0, 0, fmt.Errorf("malformed reply %v", reply)
 }
 
-// wroteLately reports whether this instance wrote the advertised limit adv
-// for key id in the last half of advertisedTTL.
-func (s *shared) wroteLately(id string, adv float64, now time.Time) bool {
+// fallbackLearn is how the fallback limiter at rate share learns: as this
+// limiter does, scaled to the share.
+func (s *shared) fallbackLearn(share Rate) learnConfig {
+	lc := s.learn
+	f := share.PerSecond() / s.rate.PerSecond()
+	lc.configured, lc.floor = share.PerSecond(), lc.floor*f
+	return lc
+}
+
+// seedFallback returns the controller state a key starts with in the
+// fallback limiter: the rate the fleet learnt for it, at the fallback's
+// share, or nil when it learnt nothing.
+func (s *shared) seedFallback(key string, now time.Time) *ctlState {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.learnt.m[id]
-	return ok && l.advertised == adv && now.Sub(l.wrote) < advertisedTTL/2
+	l, ok := s.learnt.m[keyID(key)]
+	rate := 0.0
+	if ok {
+		rate = l.rate
+	}
+	s.mu.Unlock()
+	if !ok || rate >= s.rate.PerSecond() {
+		return nil
+	}
+	f := math.Float64frombits(s.fallbackShare.Load())
+	return &ctlState{advertised: rate * f, advertisedUntil: now.Add(advertisedTTL)}
 }

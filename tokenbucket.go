@@ -2,8 +2,8 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -32,9 +32,11 @@ import (
 type TokenBucket struct {
 	rate   Rate
 	limit  rate.Limit
-	burst  int
+	burst  int     // the configured burst: the largest cost granted
+	margin float64 // units of the burst kept in reserve for transit jitter (see jitterMargin)
+	learn  learnConfig
 	clock  clock.Clock
-	policy atomic.Pointer[AdaptivePolicy] // nil: adaptive mode is off
+	seed   func(key string, now time.Time) *ctlState // a new key's controller state; nil: none
 
 	mu      sync.RWMutex
 	buckets keyed[*tokenBucket] // guarded by mu
@@ -48,43 +50,80 @@ type tokenBucket struct {
 	mu     sync.Mutex
 	last   time.Time // guarded by mu; the latest time given to lim
 	lim    *rate.Limiter
-	adapt  *adaptState // guarded by mu; nil while the key has learnt nothing
-	resume time.Time   // guarded by mu; the end of a pause, at which the bucket holds one token
+	ctl    *ctlState    // guarded by mu; nil while the key has learnt nothing
+	learn  *learnConfig // the limiter's
+	resume time.Time    // guarded by mu; the end of a hold, at which the bucket holds one token
 }
 
 func (b *tokenBucket) atRest(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.adapt == nil || b.adapt.atRest(now)) &&
+	return b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.ctl == nil || b.ctl.atRest(b.learn, now)) &&
 		(b.resume.IsZero() || now.Sub(b.resume) > sweepEvery)
 }
 
+// jitterMargin is how many units of a burst of burst at r per second a
+// limiter keeps in reserve to absorb a variation d of transit time (see
+// WithTransitMargin): r·d, a fraction of a unit at most rates, and never
+// more than burst−1, so that one unit is always there to use.
+func jitterMargin(r Rate, burst int, d time.Duration) float64 {
+	return max(0, min(r.PerSecond()*d.Seconds(), float64(burst-1)))
+}
+
+// jitterTolerance is the default of WithTransitMargin.
+const jitterTolerance = 5 * time.Millisecond
+
+// transitMargin returns the tolerance the options set.
+func (o learnOptions) transitMargin() time.Duration {
+	if o.margin == nil {
+		return jitterTolerance
+	}
+	return *o.margin
+}
+
 // NewTokenBucket returns a token bucket per key with refill rate r and
-// capacity burst (in cost units). It fails if r is not positive or burst < 1.
-func NewTokenBucket(r Rate, burst int) (*TokenBucket, error) {
-	if err := r.validate("NewTokenBucket: rate"); err != nil {
+// capacity burst (in cost units). It fails if r is not positive, burst < 1
+// or an option is invalid. The options say how keys learn from responses
+// (by default: advertised limits and discovery on).
+func NewTokenBucket(r Rate, burst int, opts ...LimiterOption) (*TokenBucket, error) {
+	const op = "NewTokenBucket"
+	if err := r.validate(op + ": rate"); err != nil {
 		return nil, err
 	}
 	if burst < 1 {
-		return nil, configError("NewTokenBucket: burst", burst, "must be at least 1")
+		return nil, configError(op+": burst", burst, "must be at least 1")
 	}
-	return newTokenBucket(r, burst), nil
+	o := collectLearn(op, opts)
+	if err := errors.Join(o.errs...); err != nil {
+		return nil, err
+	}
+	lc, err := learnSettings(op, r, o)
+	if err != nil {
+		return nil, err
+	}
+	tb := newTokenBucket(r, burst)
+	tb.learn, tb.margin = lc, jitterMargin(r, burst, o.transitMargin())
+	return tb, nil
 }
 
-// newTokenBucket is NewTokenBucket for settings known to be valid.
+// newTokenBucket is NewTokenBucket for settings known to be valid, learning
+// as by default.
 func newTokenBucket(r Rate, burst int) *TokenBucket {
+	m := jitterMargin(r, burst, jitterTolerance)
 	return &TokenBucket{
 		rate:    r,
 		limit:   rate.Limit(r.PerSecond()),
 		burst:   burst,
+		margin:  m,
+		learn:   defaultLearn(r),
 		clock:   clock.Real{},
 		buckets: newKeyed[*tokenBucket](),
 	}
 }
 
 // Wait implements Limiter: it takes cost tokens from key's bucket, waiting
-// for the refill when the bucket holds fewer. A cost above the burst fails at
-// once with ErrCostTooHigh.
+// for the refill when the bucket holds fewer, and for the end of the key's
+// hold, if any. A cost above the burst fails at once with ErrCostTooHigh.
 func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
 	if err := checkCost(key, cost, tb.burst); err != nil || cost == 0 {
 		return 0, err
@@ -92,42 +131,73 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	bk, r, delay, err := tb.reserve(key, cost, waitBudget(ctx, maxWait))
-	if err != nil || delay == 0 {
-		return 0, err
+	var waited time.Duration
+	for {
+		g, err := tb.reserve(key, cost, waitBudget(ctx, remaining(maxWait, waited)))
+		if err != nil || g.delay == 0 {
+			return waited, err
+		}
+		if err := sleep(ctx, tb.clock, g.delay); err != nil {
+			tb.cancel(g)
+			return 0, err
+		}
+		waited += g.delay
+		if !tb.heldSince(g) {
+			return waited, nil
+		}
+		// A hold began after the tokens were reserved and covers their
+		// time: give them back and take them again after the hold.
+		tb.cancel(g)
 	}
-	if err := sleep(ctx, tb.clock, delay); err != nil {
-		// A bucket with a pending reservation is not at rest, so bk is
-		// still the key's bucket.
-		tb.mu.RLock()
-		bk.mu.Lock()
-		r.CancelAt(bk.inOrder(tb.clock.Now()))
-		bk.mu.Unlock()
-		tb.mu.RUnlock()
-		return 0, err
-	}
-	return delay, nil
 }
 
-// reserve takes cost tokens from key's bucket, now. It returns no
-// reservation and no delay when the tokens were there; otherwise the
-// reservation and how long to wait for it, or a *LimitError when that wait
-// does not fit in b (and then nothing is taken).
+// grant is a reservation of a key's tokens, the time it was made at, and
+// how long to wait for it.
+type grant struct {
+	bk    *tokenBucket
+	r     *rate.Reservation
+	at    time.Time
+	delay time.Duration
+}
+
+// cancel gives a grant's tokens back. A bucket with a pending reservation
+// is not at rest, so bk is still the key's bucket.
+func (tb *TokenBucket) cancel(g grant) {
+	tb.mu.RLock()
+	defer tb.mu.RUnlock()
+	g.bk.mu.Lock()
+	defer g.bk.mu.Unlock()
+	g.r.CancelAt(g.bk.inOrder(tb.clock.Now()))
+}
+
+// heldSince reports whether the key of g was held after g was reserved, by
+// a hold that has not ended.
+func (tb *TokenBucket) heldSince(g grant) bool {
+	tb.mu.RLock()
+	defer tb.mu.RUnlock()
+	g.bk.mu.Lock()
+	defer g.bk.mu.Unlock()
+	return g.bk.ctl != nil && g.bk.ctl.hold.After(g.at) && g.bk.ctl.hold.After(tb.clock.Now())
+}
+
+// reserve takes cost tokens from key's bucket, now or, while the key is
+// held, at the hold's end. It returns a grant with no delay when the tokens
+// were there; otherwise the grant and how long to wait for it, or a
+// *LimitError when that wait does not fit in b (and then nothing is taken).
 //
 // An existing bucket is used under the read lock and its own mutex; the
 // write lock is for adding keys and sweeping, so a bucket is never dropped
 // while a call is using it.
-func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *rate.Reservation, time.Duration, error) {
+func (tb *TokenBucket) reserve(key string, cost int, b budget) (grant, error) {
 	tb.mu.RLock()
 	if bk, ok := tb.buckets.m[key]; ok {
 		now := tb.clock.Now()
 		bk.mu.Lock()
-		now = bk.inOrder(now)
 		if !tb.buckets.sweepDue(now) {
-			r, delay, err := bk.take(now, key, cost, b)
+			g, err := tb.take(bk, now, key, cost, b)
 			bk.mu.Unlock()
 			tb.mu.RUnlock()
-			return bk, r, delay, err
+			return g, err
 		}
 		bk.mu.Unlock()
 	}
@@ -135,9 +205,7 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (*tokenBucket, *r
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	now := tb.clock.Now()
-	bk := tb.bucket(key, now)
-	r, delay, err := bk.take(bk.inOrder(now), key, cost, b)
-	return bk, r, delay, err
+	return tb.take(tb.bucket(key, now), now, key, cost, b)
 }
 
 // inOrder returns now, or the latest time the bucket was given if now is
@@ -150,32 +218,50 @@ func (bk *tokenBucket) inOrder(now time.Time) time.Time {
 	return now
 }
 
-// take takes cost tokens from the bucket at now, at the rate the key has
-// learnt; see reserve. The caller holds b.mu or the write lock.
-func (bk *tokenBucket) take(now time.Time, key string, cost int, b budget) (*rate.Reservation, time.Duration, error) {
-	if !bk.resume.IsZero() && !now.Before(bk.resume) {
-		// A pause has ended: resume at the rate, with one token, not with
+// take takes cost tokens from bk at now (or at the end of its hold), at the
+// rate the key has learnt; see reserve. The caller holds bk.mu or the write
+// lock.
+//
+// now is the clock's time, from which the delay is counted; the bucket is
+// given the later of it, the hold's end and the latest time it was given.
+func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int, b budget) (grant, error) {
+	at := now
+	if bk.ctl != nil && bk.ctl.hold.After(at) {
+		at = bk.ctl.hold
+	}
+	at = bk.inOrder(at)
+	if !bk.resume.IsZero() && !at.Before(bk.resume) {
+		// A hold has ended: resume at the rate, with one token, not with
 		// the burst the bucket refilled meanwhile.
 		bk.lim = rate.NewLimiter(bk.lim.Limit(), bk.lim.Burst())
-		bk.lim.AllowN(now, bk.lim.Burst()-1)
+		bk.lim.AllowN(at, bk.lim.Burst()-1)
 		bk.resume = time.Time{}
 	}
 	lim := bk.lim
-	if bk.adapt != nil {
-		if l := rate.Limit(bk.adapt.rate(now)); l != lim.Limit() {
-			lim.SetLimitAt(now, l)
+	if bk.ctl != nil {
+		if l := rate.Limit(bk.ctl.rate(&tb.learn, at)); l != lim.Limit() {
+			lim.SetLimitAt(at, l)
 		}
 	}
-	if lim.AllowN(now, cost) {
-		return nil, 0, nil
+	// The margin: a request goes at once only if it leaves margin units in
+	// the bucket; otherwise it waits until the bucket would hold them too
+	// (they are not taken: later requests find them).
+	tokens := lim.TokensAt(at)
+	need := float64(cost) + tb.margin
+	if !at.After(now) && tokens >= need {
+		lim.AllowN(at, cost)
+		return grant{}, nil
 	}
-	r := lim.ReserveN(now, cost)
-	delay := r.DelayFrom(now)
-	if e := b.refuse(now, key, cost, delay); e != nil {
-		r.CancelAt(now)
-		return nil, 0, e
+	g := grant{bk: bk, at: now, r: lim.ReserveN(at, cost)}
+	g.delay = max(g.r.DelayFrom(now), at.Sub(now)+time.Duration((need-tokens)/float64(lim.Limit())*float64(time.Second)))
+	if e := b.refuse(now, key, cost, g.delay); e != nil {
+		g.r.CancelAt(at)
+		return grant{}, e
 	}
-	return r, delay, nil
+	if g.delay <= 0 {
+		return grant{}, nil
+	}
+	return g, nil
 }
 
 // bucket returns key's bucket, making a full one if there is none. The
@@ -184,7 +270,12 @@ func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 	if b, ok := tb.buckets.get(key, now); ok {
 		return b
 	}
-	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst)}
+	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst), learn: &tb.learn}
+	if tb.seed != nil {
+		if b.ctl = tb.seed(key, now); b.ctl != nil {
+			b.lim.SetLimitAt(now, rate.Limit(b.ctl.rate(&tb.learn, now)))
+		}
+	}
 	tb.buckets.put(key, b)
 	return b
 }
@@ -193,8 +284,8 @@ func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 func (tb *TokenBucket) Rate() Rate { return tb.rate }
 
 // EffectiveRate returns the rate key is held to now: the configured rate,
-// or lower when the provider advertised a lower limit or, in adaptive mode,
-// throttled the key (see WithAdaptive).
+// or lower when the provider advertised a lower limit or discovery lowered
+// it (see WithAdaptive).
 func (tb *TokenBucket) EffectiveRate(key string) Rate {
 	tb.mu.RLock()
 	defer tb.mu.RUnlock()
@@ -204,43 +295,42 @@ func (tb *TokenBucket) EffectiveRate(key string) Rate {
 	}
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
-	return effective(bk.adapt, tb.rate, tb.clock.Now())
+	return effectiveRate(bk.ctl, &tb.learn, tb.rate, tb.clock.Now())
 }
 
-func (tb *TokenBucket) setAdaptive(p AdaptivePolicy) { tb.policy.Store(&p) }
-
-// resumeAt makes key's bucket hold one token when a pause ends at until
-// (see resumer).
-func (tb *TokenBucket) resumeAt(key string, until time.Time) {
-	tb.mu.Lock()
-	defer tb.mu.Unlock()
-	bk := tb.bucket(key, tb.clock.Now())
-	bk.resume = maxTime(bk.resume, until)
-}
-
-// learn applies what a response taught about key's limit.
-func (tb *TokenBucket) learn(_ context.Context, key string, l lesson) (old, new float64, err error) {
+// Learn implements Learner: key's controller applies what a response said
+// (see controller.go). A hold empties the bucket as of its end but for one
+// token, so that the key resumes at its rate rather than in a burst.
+func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	tb.mu.RLock()
 	if bk, ok := tb.buckets.m[key]; ok {
 		bk.mu.Lock()
-		old, new = tb.apply(bk, l)
+		d := tb.learnLocked(bk, &s)
 		bk.mu.Unlock()
 		tb.mu.RUnlock()
-		return old, new, nil
+		return d
 	}
 	tb.mu.RUnlock()
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
-	old, new = tb.apply(tb.bucket(key, tb.clock.Now()), l)
-	return old, new, nil
+	bk := tb.bucket(key, tb.clock.Now())
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	return tb.learnLocked(bk, &s)
 }
 
-// apply applies l to bk. The caller holds bk.mu or the write lock.
-func (tb *TokenBucket) apply(bk *tokenBucket, l lesson) (old, new float64) {
-	now := bk.inOrder(tb.clock.Now())
-	old, new = learnInto(&bk.adapt, tb.rate, tb.policy.Load(), now, l)
-	if new != old {
-		bk.lim.SetLimitAt(now, rate.Limit(new))
+// learnLocked applies s to bk. The caller holds bk.mu and tb.mu (read or
+// write).
+func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
+	if bk.ctl == nil {
+		bk.ctl = &ctlState{}
 	}
-	return old, new
+	d := bk.ctl.learn(&tb.learn, s)
+	if !d.Hold.IsZero() {
+		bk.resume = maxTime(bk.resume, d.Hold)
+	}
+	if d.New != d.Old {
+		bk.lim.SetLimitAt(bk.inOrder(tb.clock.Now()), rate.Limit(d.New.PerSecond()))
+	}
+	return d
 }

@@ -20,9 +20,12 @@ var limiterEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // newTokenBucketOnFake returns a token bucket that reads a fake clock
 // started at limiterEpoch.
-func newTokenBucketOnFake(t testing.TB, r Rate, burst int) (*TokenBucket, *clock.Fake) {
+func newTokenBucketOnFake(t testing.TB, r Rate, burst int, opts ...LimiterOption) (*TokenBucket, *clock.Fake) {
 	t.Helper()
-	tb, err := NewTokenBucket(r, burst)
+	if len(opts) == 0 {
+		opts = []LimiterOption{WithTransitMargin(0)} // the bucket's own maths
+	}
+	tb, err := NewTokenBucket(r, burst, opts...)
 	require.NoError(t, err)
 	fc := clock.NewFake(limiterEpoch)
 	tb.clock = fc
@@ -193,7 +196,8 @@ func TestTokenBucketSteps(t *testing.T) {
 			tb, fc := newTokenBucketOnFake(t, tc.rate, tc.burst)
 			for i, s := range tc.steps {
 				limAdvanceTo(fc, limiterEpoch.Add(s.at))
-				_, r, delay, err := tb.reserve(s.keyOr(), s.cost, s.budget())
+				g, err := tb.reserve(s.keyOr(), s.cost, s.budget())
+				r, delay := g.r, g.delay
 				if s.wantReason != 0 {
 					tbCheckRefusal(t, i, s, err)
 					assert.Nil(t, r, "step %d", i)
@@ -206,6 +210,9 @@ func TestTokenBucketSteps(t *testing.T) {
 		})
 	}
 }
+
+// delayOf returns a grant's delay.
+func delayOf(g grant, err error) (time.Duration, error) { return g.delay, err }
 
 func TestTokenBucketWaitCost(t *testing.T) {
 	for _, tc := range []struct {
@@ -244,7 +251,7 @@ func TestTokenBucketWaitCost(t *testing.T) {
 			}
 			if err != nil || tc.cost == 0 {
 				// Nothing was taken: the full burst is still there.
-				_, _, delay, err := tb.reserve("k", 3, budget{})
+				delay, err := delayOf(tb.reserve("k", 3, budget{}))
 				require.NoError(t, err)
 				assert.Zero(t, delay)
 			}
@@ -260,7 +267,7 @@ func TestTokenBucketWaitCancelledContext(t *testing.T) {
 	assert.Zero(t, d)
 	assert.Same(t, context.Canceled, err, "ctx.Err() as it is")
 
-	_, _, delay, err := tb.reserve("k", 1, budget{})
+	delay, err := delayOf(tb.reserve("k", 1, budget{}))
 	require.NoError(t, err)
 	assert.Zero(t, delay, "the cancelled call took nothing")
 }
@@ -375,7 +382,7 @@ func TestTokenBucketWaitCancelGivesTokensBack(t *testing.T) {
 
 			// Its token is back: the next request waits only for the first
 			// one's refill, as if the cancelled one had never come.
-			_, _, delay, err := tb.reserve("k", 1, budget{})
+			delay, err := delayOf(tb.reserve("k", 1, budget{}))
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantDelay, delay)
 		})
@@ -448,7 +455,7 @@ func TestTokenBucketEviction(t *testing.T) {
 		{at: time.Hour, key: "e", cost: 1, wantHeld: []string{"e"}},
 	} {
 		limAdvanceTo(fc, limiterEpoch.Add(s.at))
-		_, _, delay, err := tb.reserve(s.key, s.cost, budget{})
+		delay, err := delayOf(tb.reserve(s.key, s.cost, budget{}))
 		require.NoError(t, err, "step %d", i)
 		assert.Equal(t, s.wantDelay, delay, "step %d", i)
 		assert.ElementsMatch(t, s.wantHeld, held(), "step %d", i)
@@ -459,14 +466,14 @@ func TestTokenBucketPendingReservationKeepsBucket(t *testing.T) {
 	// A bucket with a waiter in it is never full, so never dropped, however
 	// many sweeps run while the waiter waits.
 	tb, fc := newTokenBucketOnFake(t, Every(time.Hour), 1)
-	_, _, _, err := tb.reserve("k", 1, budget{})
+	_, err := delayOf(tb.reserve("k", 1, budget{}))
 	require.NoError(t, err)
-	_, _, delay, err := tb.reserve("k", 1, budget{})
+	delay, err := delayOf(tb.reserve("k", 1, budget{}))
 	require.NoError(t, err)
 	require.Equal(t, time.Hour, delay)
 	for range 10 {
 		fc.Advance(sweepEvery)
-		_, _, _, err := tb.reserve("other", 1, budget{}) // runs the sweep
+		_, err := delayOf(tb.reserve("other", 1, budget{})) // runs the sweep
 		require.NoError(t, err)
 		tb.mu.RLock()
 		_, ok := tb.buckets.m["k"]
@@ -474,7 +481,7 @@ func TestTokenBucketPendingReservationKeepsBucket(t *testing.T) {
 		require.True(t, ok, "the bucket with a pending reservation is kept")
 	}
 	// The reservation is honoured: the next one queues behind it.
-	_, _, delay, err = tb.reserve("k", 1, budget{})
+	delay, err = delayOf(tb.reserve("k", 1, budget{}))
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Hour-10*sweepEvery, delay)
 }
@@ -495,8 +502,8 @@ func TestTokenBucketEvictionIsInvisible(t *testing.T) {
 		fcS.Advance(gap)
 		fcK.Advance(gap)
 		key, cost := keys[i%2], 1+i%4
-		_, _, d1, err1 := sweeping.reserve(key, cost, budget{maxWait: time.Second})
-		_, _, d2, err2 := keeping.reserve(key, cost, budget{maxWait: time.Second})
+		d1, err1 := delayOf(sweeping.reserve(key, cost, budget{maxWait: time.Second}))
+		d2, err2 := delayOf(keeping.reserve(key, cost, budget{maxWait: time.Second}))
 		require.Equal(t, err2, err1, "request %d", i)
 		require.Equal(t, d2, d1, "request %d", i)
 	}
@@ -521,7 +528,7 @@ func TestTokenBucketMillionKeys(t *testing.T) {
 	most := 0
 	for i := range n {
 		fc.Advance(step)
-		_, _, delay, err := tb.reserve(strconv.Itoa(i), 1, budget{})
+		delay, err := delayOf(tb.reserve(strconv.Itoa(i), 1, budget{}))
 		if err != nil || delay != 0 {
 			t.Fatalf("key %d: delay %v, err %v: a new key's first request goes at once", i, delay, err)
 		}
@@ -575,7 +582,7 @@ func TestTokenBucketClockReadsOfAKeyAreOrdered(t *testing.T) {
 	reserveAt := func(now time.Time) grant {
 		done := make(chan grant, 1)
 		go func() {
-			_, _, d, err := tb.reserve("k", 1, budget{})
+			d, err := delayOf(tb.reserve("k", 1, budget{}))
 			done <- grant{now.Add(d), err}
 		}()
 		for {
@@ -596,7 +603,7 @@ func TestTokenBucketClockReadsOfAKeyAreOrdered(t *testing.T) {
 	// G1 reads the clock at 0.5s and stays paused right after the read.
 	g1 := make(chan grant, 1)
 	go func() {
-		_, _, d, err := tb.reserve("k", 1, budget{})
+		d, err := delayOf(tb.reserve("k", 1, budget{}))
 		g1 <- grant{at(500 * time.Millisecond).Add(d), err}
 	}()
 	answerG1 := <-sc.calls

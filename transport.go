@@ -40,22 +40,20 @@ import (
 // request body on every path where it does not send it. It is safe for
 // simultaneous use by multiple goroutines.
 type Transport struct {
-	base          http.RoundTripper
-	limiter       Limiter
-	keyFunc       func(*http.Request) string
-	costFunc      func(*http.Request) int
-	maxWait       time.Duration
-	obs           Observer
-	retry         *RetryPolicy // nil: no retries
-	budget        retryBudget  // used when retry != nil
-	maxRetryAfter time.Duration
-	cool          cooldowns
-	clock         clock.Clock
-	rand          func() float64 // the backoff's random source; nil: math/rand/v2
-	adjuster      rateAdjuster   // the limiter, when its rate can be lowered; nil otherwise
-	adaptive      bool           // WithAdaptive: throttling responses lower the rate
-	advertised    bool           // advertised limits lower the rate (not WithoutAdvertisedLimits)
-	signals       signalConfig   // how responses are read (dialect.go)
+	base     http.RoundTripper
+	limiter  Limiter
+	keyFunc  func(*http.Request) string
+	costFunc func(*http.Request) int
+	maxWait  time.Duration
+	obs      Observer
+	retry    *RetryPolicy // nil: no retries
+	budget   retryBudget  // used when retry != nil
+	maxPause time.Duration
+	learner  Learner // the limiter, when it is one; else the Transport's own holds
+	holds    *holds  // the Transport's own holds, when the limiter is not a Learner; nil otherwise
+	clock    clock.Clock
+	rand     func() float64 // the backoff's random source; nil: math/rand/v2
+	signals  signalConfig   // how responses are read (dialect.go)
 }
 
 // Option configures a Transport in New.
@@ -72,8 +70,7 @@ type config struct {
 	maxWait  time.Duration
 	observer Observer
 	retry    *RetryPolicy
-	adaptive *AdaptivePolicy
-	noAdvert bool
+	maxPause time.Duration
 	signals  signalConfig // how responses are read (dialect.go)
 	errs     []error
 }
@@ -143,24 +140,16 @@ func WithRetry(p RetryPolicy) Option {
 	})
 }
 
-// WithAdaptive turns on the discovery of a provider's unadvertised limit:
-// each throttling response (429, or 503 with Retry-After) lowers the key's
-// rate by p.Beta, and the rate climbs back toward the configured one while
-// no throttling comes (CUBIC, as the AWS SDKs' adaptive retry mode does),
-// never below p.Floor. Throttling responses to requests sent before the last
-// decrease count once. With a shared limiter the rate lives in Redis, so one
-// instance's 429 lowers the fleet's rate. It needs a limiter of this package
-// (WithLimiter); an invalid field is an error naming it. Default: off.
-func WithAdaptive(p AdaptivePolicy) Option {
-	return optionFunc(func(c *config) { c.adaptive = &p })
-}
-
-// WithoutAdvertisedLimits makes the Transport ignore the limits providers
-// advertise (RateLimit-Policy, X-RateLimit-Limit with a window, ...). By
-// default a key's rate is lowered to the advertised limit when that is below
-// the configured rate.
-func WithoutAdvertisedLimits() Option {
-	return optionFunc(func(c *config) { c.noAdvert = true })
+// WithMaxPause caps how long a response may hold a key (Retry-After, or a
+// quota's reset): a hostile or broken header never parks the fleet for
+// longer. Default 1 minute. It must be positive.
+func WithMaxPause(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, configError("WithMaxPause", d, "must be positive"))
+		}
+		c.maxPause = d
+	})
 }
 
 // WithObserver sets hooks that the Transport calls as requests wait, are
@@ -186,16 +175,17 @@ type Observer struct {
 	// OnRetry is called before the Transport waits delay and sends attempt
 	// again; status and err are what the previous attempt got.
 	OnRetry func(key string, attempt int, delay time.Duration, status int, err error)
-	// OnCooldown is called when a response pauses key until the given time
-	// (or pauses it longer); err is the Pauser's error, if any.
+	// OnCooldown is called when a response holds key until the given time
+	// (or holds it longer); err is the limiter's error while learning, if
+	// any (a shared limiter that could not reach Redis).
 	OnCooldown func(key string, until time.Time, err error)
 	// OnBudgetExhausted is called when a retry is not made because the
 	// retry budget is spent.
 	OnBudgetExhausted func(key string)
 	// OnRateChange is called when a response changes the rate key is held
 	// to; why is "advertised" (the provider stated its limit) or "throttled"
-	// (adaptive mode lowered it). Rates in between, as adaptive mode climbs
-	// back, are read with the limiter's EffectiveRate.
+	// (discovery lowered it). Rates in between, as discovery climbs back,
+	// are read with the limiter's EffectiveRate.
 	OnRateChange func(key string, old, new Rate, why string)
 }
 
@@ -206,6 +196,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	c := config{
 		keyFunc:  hostKey,
 		costFunc: unitCost,
+		maxPause: defaultMaxPause,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -221,38 +212,31 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		base = http.DefaultTransport
 	}
 	t := &Transport{
-		base:          base,
-		limiter:       c.limiter,
-		keyFunc:       c.keyFunc,
-		costFunc:      c.costFunc,
-		maxWait:       c.maxWait,
-		obs:           c.observer,
-		retry:         c.retry,
-		maxRetryAfter: defaultMaxRetryAfter,
-		clock:         clock.Real{},
-		signals:       c.signals,
+		base:     base,
+		limiter:  c.limiter,
+		keyFunc:  c.keyFunc,
+		costFunc: c.costFunc,
+		maxWait:  c.maxWait,
+		obs:      c.observer,
+		retry:    c.retry,
+		maxPause: c.maxPause,
+		clock:    clock.Real{},
+		signals:  c.signals,
 	}
 	if t.retry != nil {
-		t.maxRetryAfter = t.retry.MaxRetryAfter
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
 	}
-	adj, ok := c.limiter.(rateAdjuster)
-	if ok && !c.noAdvert {
-		t.adjuster, t.advertised = adj, true
-	}
-	if c.adaptive != nil {
-		if !ok {
-			return nil, configError("WithAdaptive: limiter", fmt.Sprintf("%T", c.limiter), "adaptive mode needs a limiter of this package")
-		}
-		p, err := c.adaptive.withDefaults(adj.Rate())
-		if err != nil {
-			return nil, err
-		}
-		adj.setAdaptive(p)
-		t.adjuster, t.adaptive = adj, true
+	if l, ok := c.limiter.(Learner); ok {
+		t.learner = l
+	} else {
+		t.holds = newHolds(&t.clock)
+		t.learner = t.holds
 	}
 	return t, nil
 }
+
+// defaultMaxPause is the default of WithMaxPause.
+const defaultMaxPause = time.Minute
 
 // isNilPointer reports whether v is a nil pointer in an interface, such as
 // a (*TokenBucket)(nil) passed as a Limiter.
@@ -283,16 +267,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err := t.admit(r.Context(), key, cost); err != nil {
 			return nil, t.reject(r, key, err)
 		}
-		var sentAt time.Time // read only in adaptive mode, which needs it
-		if t.adaptive {
-			sentAt = t.clock.Now()
-		}
+		sentAt := t.clock.Now()
 		resp, err := t.base.RoundTrip(r)
 		if t.obs.OnSent != nil {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
-		asked := t.learn(r.Context(), key, resp, sentAt)
-		delay, next := t.plan(req, key, attempt, resp, err, asked, start, &backoff)
+		sig, dec := t.learn(r, key, resp, sentAt)
+		delay, next := t.plan(req, key, attempt, resp, err, &sig, dec, start, &backoff)
 		switch next {
 		case stop:
 			return resp, err
@@ -321,22 +302,22 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 	return err
 }
 
-// admit waits out any pause of key, then for the limiter to grant cost,
-// within the context's deadline and the maximum wait. A pause that begins
-// while the request waits in the limiter covers it too: it waits the pause
-// out and passes the limiter again, so that the waiters released meanwhile
-// do not go out together when the pause ends.
+// admit waits for the limiter to grant cost to key, within the context's
+// deadline and the maximum wait. A limiter that is a Learner holds its keys
+// itself; otherwise the Transport waits out its own hold of the key first.
 func (t *Transport) admit(ctx context.Context, key string, cost int) error {
 	var waited time.Duration
 	for {
-		if d, now := t.cool.remaining(key, t.clock); d > 0 {
-			if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost, d); e != nil {
-				return e
+		if t.holds != nil {
+			if d, now := t.holds.remaining(key); d > 0 {
+				if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost, d); e != nil {
+					return e
+				}
+				if err := sleep(ctx, t.clock, d); err != nil {
+					return err
+				}
+				waited += d
 			}
-			if err := sleep(ctx, t.clock, d); err != nil {
-				return err
-			}
-			waited += d
 		}
 		if t.limiter == nil || cost == 0 {
 			break
@@ -346,7 +327,10 @@ func (t *Transport) admit(ctx context.Context, key string, cost int) error {
 			return err
 		}
 		waited += w
-		if d, _ := t.cool.remaining(key, t.clock); d == 0 {
+		if t.holds == nil {
+			break
+		}
+		if d, _ := t.holds.remaining(key); d == 0 {
 			break
 		}
 	}
@@ -356,86 +340,22 @@ func (t *Transport) admit(ctx context.Context, key string, cost int) error {
 	return nil
 }
 
-// asked is what a response asked of its caller: to wait RetryAfter before
-// another attempt (when HasRetryAfter), and whether it asked for more than
-// MaxRetryAfter allows.
-type asked struct {
-	retryAfter    time.Duration
-	hasRetryAfter bool
-	tooLong       bool
-}
-
-// learn reads what resp says about the provider's limit: a 429 or 503 with
-// Retry-After, or rate-limit headers saying nothing is left until a reset,
-// pause the key until then (capped by MaxRetryAfter); an advertised limit,
-// or in adaptive mode a throttling response, lowers the key's rate. sentAt
-// is when the request was sent (read in adaptive mode only).
-func (t *Transport) learn(ctx context.Context, key string, resp *http.Response, sentAt time.Time) asked {
-	if resp == nil || len(resp.Header) == 0 {
-		return asked{}
+// learn reads what resp says about key's limit and hands it to the key's
+// controller (the limiter's, or the Transport's own holds), which decides
+// what the key does next. It reports the holds and rate changes decided.
+func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time) (Signal, Decision) {
+	if resp == nil {
+		return Signal{Now: t.clock.Now(), SentAt: sentAt}, Decision{}
 	}
-	var a asked
-	now := t.clock.Now()
-	var until time.Time
-	throttled := resp.StatusCode == http.StatusTooManyRequests
-	if throttled || resp.StatusCode == http.StatusServiceUnavailable {
-		// One nanosecond over the cap tells "too long" from "exactly the cap".
-		if d, ok := parseRetryAfter(resp.Header.Values("Retry-After"), now, t.maxRetryAfter+1); ok {
-			a = asked{retryAfter: min(d, t.maxRetryAfter), hasRetryAfter: true, tooLong: d > t.maxRetryAfter}
-			until = now.Add(a.retryAfter)
-			throttled = true
-		}
+	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), t.maxPause)
+	d := t.learner.Learn(req.Context(), key, sig)
+	if !d.Hold.IsZero() && t.obs.OnCooldown != nil {
+		t.obs.OnCooldown(key, d.Hold, d.Err)
 	}
-	rl := parseRateLimit(resp.Header, now, t.maxRetryAfter)
-	if rl.HasRemaining && rl.Remaining == 0 && rl.HasReset {
-		until = maxTime(until, now.Add(rl.Reset))
+	if d.Old != d.New && t.obs.OnRateChange != nil {
+		t.obs.OnRateChange(key, d.Old, d.New, d.Why)
 	}
-	if until.After(now) {
-		t.pause(ctx, key, until, now)
-	}
-	if t.adjuster != nil {
-		l := lesson{throttled: throttled && t.adaptive, sentAt: sentAt, resume: until}
-		if t.advertised {
-			l.advertised = advertisedRate(rl)
-		}
-		t.adjust(ctx, key, l)
-	}
-	return a
-}
-
-// adjust teaches the limiter what a response said about key's limit.
-func (t *Transport) adjust(ctx context.Context, key string, l lesson) {
-	if l.advertised == 0 && !l.throttled {
-		return
-	}
-	old, new, err := t.adjuster.learn(context.WithoutCancel(ctx), key, l)
-	if err != nil || old == new || t.obs.OnRateChange == nil {
-		return
-	}
-	why := "advertised"
-	if new < old && l.throttled {
-		why = "throttled"
-	}
-	t.obs.OnRateChange(key, PerSecond(old), PerSecond(new), why)
-}
-
-// pause holds key until until, in this Transport and, when the limiter is a
-// Pauser, wherever the limiter reaches.
-func (t *Transport) pause(ctx context.Context, key string, until, now time.Time) {
-	if !t.cool.pause(key, until, now) {
-		return
-	}
-	var err error
-	switch l := t.limiter.(type) {
-	case Pauser:
-		// The pause matters to the fleet even if this request's context ends.
-		err = l.Pause(context.WithoutCancel(ctx), key, until)
-	case resumer:
-		l.resumeAt(key, until)
-	}
-	if t.obs.OnCooldown != nil {
-		t.obs.OnCooldown(key, until, err)
-	}
+	return sig, d
 }
 
 // next is what the Transport does after an attempt.
@@ -449,22 +369,21 @@ const (
 
 // plan decides whether attempt is followed by another, and after what
 // delay.
-func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.Response, err error, a asked, start time.Time, b *FullJitter) (time.Duration, next) {
+func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.Response, err error, s *Signal, d Decision, start time.Time, b *FullJitter) (time.Duration, next) {
 	p := t.retry
-	if p == nil || !p.worthRetry(req, resp, err, a.hasRetryAfter) {
+	if p == nil || !p.worthRetry(req, resp, err, s) {
 		return 0, stop
 	}
-	if a.tooLong || attempt >= p.MaxAttempts {
+	if s.RetryAfterTooLong || s.RetryAfter > p.MaxRetryAfter || attempt >= p.MaxAttempts {
 		return 0, giveUp
 	}
 	if b.Base == 0 {
 		b.Base, b.Max = p.BaseDelay, p.MaxDelay
 	}
-	// The next attempt cannot go before the key's pause ends either (it may
-	// come from rate-limit headers rather than Retry-After).
-	pause, _ := t.cool.remaining(key, t.clock)
-	delay := max(a.retryAfter, b.NextBackOff(), pause)
+	// The next attempt goes neither before its own Retry-After nor before
+	// the key's hold ends (the limiter would hold it anyway).
 	now := t.clock.Now()
+	delay := max(s.RetryAfter, b.NextBackOff(), d.NotBefore.Sub(now), d.Hold.Sub(now))
 	at := now.Add(delay)
 	if dl, ok := req.Context().Deadline(); (ok && at.After(dl)) || at.Sub(start) > p.MaxElapsed {
 		return 0, giveUp

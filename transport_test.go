@@ -665,7 +665,7 @@ func TestCostFunc(t *testing.T) {
 
 	t.Run("tokenbucket cost 3 takes 3 tokens", func(t *testing.T) {
 		srv := newArrivalServer(t)
-		tb, err := NewTokenBucket(PerSecond(1), 5)
+		tb, err := NewTokenBucket(PerSecond(1), 5, WithTransitMargin(0)) // the cost arithmetic alone
 		require.NoError(t, err)
 		var obs obsRecorder
 		tr := mustNewTransport(t, srv.base(), WithLimiter(tb), WithCostFunc(costOf),

@@ -28,7 +28,7 @@ type limits struct {
 	rate        float64 // per second, for the whole fleet
 	burst       int     // the provider's burst, as documented
 	egressBurst int     // the burst egress's shared bucket is given
-	adaptive    bool    // egress: WithAdaptive
+	adaptive    bool    // egress: discovery on (the default; off is WithoutDiscovery)
 }
 
 // strategy is a way for a pod to call the provider. newPod builds one pod's
@@ -140,15 +140,15 @@ func waitRedisRate(ctx context.Context, lim *redis_rate.Limiter, limit redis_rat
 // the pod's own Redis client, and retries with the default policy.
 func egressStrategy(name string) strategy {
 	return strategy{name: name, redis: true, newPod: func(env podEnv) (pod, error) {
-		onFallback := egress.WithFallbackObserver(func(string, bool, error) { env.fallback.Add(1) })
-		lim, err := egress.NewSharedTokenBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), env.limits.egressBurst, onFallback)
+		shared := []egress.SharedOption{egress.WithFallbackObserver(func(string, bool, error) { env.fallback.Add(1) })}
+		if !env.limits.adaptive {
+			shared = append(shared, egress.WithoutDiscovery())
+		}
+		lim, err := egress.NewSharedTokenBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), env.limits.egressBurst, shared...)
 		if err != nil {
 			return pod{}, err
 		}
 		opts := []egress.Option{egress.WithLimiter(lim), egress.WithRetry(egress.RetryPolicy{})}
-		if env.limits.adaptive {
-			opts = append(opts, egress.WithAdaptive(egress.AdaptivePolicy{}))
-		}
 		tr, err := egress.New(env.base, opts...)
 		if err != nil {
 			return pod{}, errors.Join(err, lim.Close())

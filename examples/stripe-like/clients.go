@@ -79,9 +79,6 @@ func newEgressPods(s settings, log func(string, ...any)) (*pods, error) {
 			egress.WithRetry(egress.RetryPolicy{MaxAttempts: 4}),
 			egress.WithObserver(p.observer()),
 		}
-		if s.adaptive {
-			opts = append(opts, egress.WithAdaptive(egress.AdaptivePolicy{}))
-		}
 		tr, err := egress.New(p.base(s), opts...)
 		if err != nil {
 			return nil, errors.Join(err, p.close())
@@ -104,10 +101,14 @@ func (p *pods) add(rt http.RoundTripper) {
 }
 
 func localLimiter(s settings) (egress.Limiter, error) {
-	if s.mode == "leaky" {
-		return egress.NewLeakyBucket(egress.PerSecond(s.rate), s.queueDepth())
+	var opts []egress.LimiterOption
+	if !s.adaptive {
+		opts = append(opts, egress.WithoutDiscovery())
 	}
-	return egress.NewTokenBucket(egress.PerSecond(s.rate), s.egressBurst())
+	if s.mode == "leaky" {
+		return egress.NewLeakyBucket(egress.PerSecond(s.rate), s.queueDepth(), opts...)
+	}
+	return egress.NewTokenBucket(egress.PerSecond(s.rate), s.egressBurst(), opts...)
 }
 
 // sharedLimiter returns a pod's own Redis client and fleet-wide limiter.
@@ -129,10 +130,14 @@ func (p *pods) sharedLimiter(s settings, log func(string, ...any)) (egress.Limit
 		egress.Limiter
 		Close() error
 	}
+	limOpts := []egress.SharedOption{onFallback}
+	if !s.adaptive {
+		limOpts = append(limOpts, egress.WithoutDiscovery())
+	}
 	if s.mode == "leaky" {
-		lim, err = egress.NewSharedLeakyBucket(rdb, sharedName, egress.PerSecond(s.rate), s.queueDepth(), onFallback)
+		lim, err = egress.NewSharedLeakyBucket(rdb, sharedName, egress.PerSecond(s.rate), s.queueDepth(), limOpts...)
 	} else {
-		lim, err = egress.NewSharedTokenBucket(rdb, sharedName, egress.PerSecond(s.rate), s.egressBurst(), onFallback)
+		lim, err = egress.NewSharedTokenBucket(rdb, sharedName, egress.PerSecond(s.rate), s.egressBurst(), limOpts...)
 	}
 	if err != nil {
 		return nil, err

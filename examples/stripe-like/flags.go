@@ -34,7 +34,7 @@ type settings struct {
 	latency   time.Duration // the API's, on every response
 	errors    float64       // share of 503s the API injects
 	advertise bool          // the API advertises its limit in headers
-	adaptive  bool          // egress discovers an unadvertised limit (WithAdaptive)
+	adaptive  bool          // egress discovers an unadvertised limit (on by default; off is WithoutDiscovery)
 }
 
 // Bounds of the flags, so that a demo stays a demo.
@@ -65,7 +65,7 @@ func flags(set *settings, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&set.latency, "latency", 20*time.Millisecond, "the fake API's latency, on every response")
 	fs.Float64Var(&set.errors, "errors", 0.02, "share of requests within the limit that the fake API answers 503")
 	fs.BoolVar(&set.advertise, "advertise", true, "the fake API advertises its limit in RateLimit and X-RateLimit headers")
-	fs.BoolVar(&set.adaptive, "adaptive", false, "egress discovers an unadvertised limit from 429s (WithAdaptive)")
+	fs.BoolVar(&set.adaptive, "adaptive", true, "egress discovers an unadvertised limit from 429s (-adaptive=false: WithoutDiscovery)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./examples/stripe-like [flags]\n\n"+
 			"Runs a fleet against a rate-limited fake payments API, without egress then with it.\n\n")

@@ -5,28 +5,26 @@ package lua
 
 import _ "embed"
 
+// Rate is the prelude of the scripts: the pure functions cubic and turn,
+// the key's effective rate, and the server's time as now. Tests append a
+// return statement to it to run the functions on given inputs.
+//
 //go:embed rate.lua
-var rate string
+var Rate string
 
 //go:embed reserve.lua
 var reserve string
 
-//go:embed learn.lua
-var learn string
+//go:embed control.lua
+var control string
 
 // Reserve admits a batch of requests on one key (token bucket or pacer), at
 // the rate the key has learnt.
-var Reserve = rate + reserve
+var Reserve = Rate + reserve
 
-// Learn applies an advertised limit or a throttling response to a key.
-var Learn = rate + learn
-
-//go:embed pause.lua
-var pause string
-
-// Pause holds a key for every instance and empties its bucket as of the
-// pause's end.
-var Pause = rate + pause
+// Control applies what a response said to a key's controller: the hold,
+// the shape of its quota, the advertised and discovered rate.
+var Control = Rate + control
 
 // Heartbeat records a live instance and counts the live ones.
 //

@@ -6,12 +6,13 @@
 -- KEYS[2]  the key's pause: no admission before this server time (us)
 -- KEYS[3]  the key's learnt limit (see rate.lua)
 -- ARGV[1]  the configured rate, units per second
--- ARGV[2]  burst in cost units; 0 makes a pacer (each request's own cost is
+-- ARGV[2]  the usable burst in cost units (the burst less the jitter
+--          margin; a larger cost waits for the rest); 0 makes a pacer (each request's own cost is
 --          its burst: releases spaced cost/rate apart, never a burst)
 -- ARGV[3]  queue depth in cost units: a request whose wait is longer than
 --          depth/rate is refused as "queue full"; -1 for none
--- ARGV[4], ARGV[5], ARGV[6]  adaptive mode's beta, C and floor (units per
---          second); beta 0 when adaptive mode is off
+-- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
+--          (units per second)
 -- ARGV[7], ARGV[8], ...  pairs of (cost, max wait in us; -1 for none), one
 --          pair a request, served in order
 --
@@ -35,8 +36,7 @@ for i = 7, #ARGV, 2 do
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst
   if b == 0 then b = cost end
-  local newtat = math.max(tat, start) + cost * interval
-  local at = math.max(newtat - b * interval, start)
+  local newtat, at = turn(tat, start, cost, b, interval)
   local wait = math.ceil(at - now)
   local code = 0
   if queue >= 0 and wait > queue then

@@ -1,0 +1,353 @@
+package egress
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"time"
+)
+
+// The controller: one per key, it turns what responses say (a Signal) into
+// what the key does next. It is a pure function of the key's state, the
+// signal and the time; the local limiters keep the state beside their
+// buckets, the shared limiters in Redis (internal/lua/learn.lua applies the
+// same rules in the same script that keeps the rate). Its choices:
+//
+//   - hold the key, for every request of the limiter (the fleet, when it is
+//     shared), until a time: the provider's quota is exhausted;
+//   - lower or raise the key's rate: the provider advertised its limit, or
+//     throttled the key while it sent at its rate (discovery);
+//   - delay only the request that got the signal: a throttle that is not
+//     about the caller's quota (a lock, a shared resource, load shedding);
+//   - nothing.
+//
+// The rules, signal by signal, are in the README's "How egress learns a
+// limit" and in controller_test.go's step tables.
+
+// Learner is implemented by a limiter that learns from responses. After
+// every attempt the Transport reads the response into a Signal and hands it
+// to its limiter, when the limiter is a Learner; the limiter's controller
+// for the key updates the key's state and returns what the Transport must
+// do. The limiters of this package are Learners; a decorator around one
+// should forward Learn. A Transport whose limiter is not a Learner (or that
+// has none) keeps holds itself, in the process.
+//
+// Learn gets the request's context: a limiter that writes what it learns
+// elsewhere (Redis) should not let the request's cancellation stop the
+// write (context.WithoutCancel). Learn must be quick and safe for concurrent
+// use. A Decision's Err is reported to the Observer; the decision itself
+// still holds. The Signal is the Learner's own copy; its Quotas slice must
+// not be modified.
+type Learner interface {
+	Learn(ctx context.Context, key string, s Signal) Decision
+}
+
+// Decision is what a key's controller decided after a response.
+type Decision struct {
+	// Hold is when the key's hold ends: until then the limiter admits no
+	// request of the key (for the whole fleet, when the limiter is shared).
+	// Zero: the response did not hold the key.
+	Hold time.Time
+	// NotBefore is the earliest time the request that got the response may
+	// be sent again (its own Retry-After); other requests are not delayed.
+	// Zero: no constraint beyond the retry policy's backoff.
+	NotBefore time.Time
+	// Old and New are the key's rate before and after the response, when it
+	// changed; Why says what changed it: "advertised" (the provider stated
+	// its limit), "throttled" (discovery lowered it).
+	Old, New Rate
+	Why      string
+	// Err is an error of the limiter while learning (a shared limiter that
+	// could not reach Redis); the decision was applied locally.
+	Err error
+}
+
+// shape is what a key's reset means, as learnt from the provider.
+type shape uint8
+
+const (
+	// shapeUnknown: nothing learnt yet. A "remaining 0" holds the key
+	// briefly (probeHold) and the next request tells.
+	shapeUnknown shape = iota
+	// shapeWindow: the quota comes back at the reset, all at once.
+	shapeWindow
+	// shapeBucket: the provider refills continuously; the reset is when
+	// its bucket is full again, the next unit comes after 1/rate.
+	shapeBucket
+)
+
+// learnConfig is how a limiter's controllers learn: set by the limiter's
+// options (WithAdaptive, WithoutDiscovery, WithoutAdvertisedLimits).
+type learnConfig struct {
+	configured float64 // the limiter's rate, units per second
+	discover   bool    // throttling lowers the rate (default on)
+	advertise  bool    // advertised limits lower the rate (default on)
+	beta       float64 // the decrease factor without an estimate
+	c          float64 // CUBIC's constant, relative to the aim: 1/s³
+	floor      float64 // the lowest discovered rate, units per second
+}
+
+// ctlState is one key's controller state. The zero value is a key that
+// has learnt nothing.
+type ctlState struct {
+	advertised      float64   // units per second; 0 when none
+	advertisedUntil time.Time // when the advertised limit is forgotten
+	wmax, w0        float64   // discovery: the aim of the climb back, and the rate right after the last decrease
+	climb           time.Time // when the climb back starts (the decrease, or the end of its hold); zero for never
+	decreased       time.Time // when the last decrease was decided
+	hold            time.Time // the key is held until then
+	shape           shape
+	zeroAt          time.Time // when a "remaining 0" was last seen
+	zeroUntil       time.Time // the reset it came with
+	meter           meter     // the key's recent outcomes, for the estimate of its limit
+}
+
+// rate returns the key's rate at now: the configured one, lowered to the
+// advertised limit and, after a decrease, to the CUBIC curve climbing back.
+func (s *ctlState) rate(cfg *learnConfig, now time.Time) float64 {
+	r := cfg.configured
+	if s.advertised > 0 && now.Before(s.advertisedUntil) {
+		r = min(r, s.advertised)
+	}
+	if cfg.discover && !s.climb.IsZero() {
+		t := max(now.Sub(s.climb).Seconds(), 0)
+		r = min(r, max(cubic(t, s.w0, s.wmax, cfg.c), cfg.floor))
+	}
+	return r
+}
+
+// atRest reports whether the state no longer matters at now, so that the
+// key can be dropped.
+func (s *ctlState) atRest(cfg *learnConfig, now time.Time) bool {
+	return !s.hold.After(now) && s.rate(cfg, now) >= cfg.configured && now.Sub(s.decreased) > advertisedTTL &&
+		s.shape == shapeUnknown && s.zeroAt.IsZero()
+}
+
+// cubic is the CUBIC rate t seconds after a decrease to w0: w0 at t = 0,
+// levelling off at wmax at t = K, and growing beyond. c is relative to
+// wmax, so that the curve's shape does not depend on the rate's scale.
+func cubic(t, w0, wmax, c float64) float64 {
+	if wmax <= 0 {
+		return w0
+	}
+	k := math.Cbrt(max(wmax-w0, 0) / (c * wmax))
+	return wmax + c*wmax*math.Pow(t-k, 3)
+}
+
+// evidence is what a signal means for the key's controller.
+type evidence uint8
+
+const (
+	evNone      evidence = iota // nothing to act on
+	evExhausted                 // the key's quota is exhausted: hold
+	evOther                     // throttled for another reason: delay only this request
+	evBilling                   // a billing error: neither hold nor retry
+)
+
+// probeHold is how long a "remaining 0" holds a key whose reset's meaning
+// is not known yet, when that is shorter than the reset: the next request
+// then tells a bucket (accepted) from a window (refused).
+const probeHold = 100 * time.Millisecond
+
+// learn applies the signal s at s.Now to the key's state and decides.
+func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
+	now := s.Now
+	var d Decision
+	old := st.rate(cfg, now)
+	q, hasQ := s.requestQuota()
+	ev := classify(s, q, hasQ)
+	st.learnShape(s, ev)
+	st.meter.add(s.SentAt, ev == evExhausted, s.Status != 0 && !s.throttled())
+
+	if cfg.advertise {
+		if adv := s.advertised(); adv > 0 {
+			st.advertised, st.advertisedUntil = adv, now.Add(advertisedTTL)
+			if adv < old {
+				// Throttles to requests sent before this lowering belong
+				// to the old rate: they lower nothing further.
+				st.decreased = now
+			}
+		}
+	}
+	switch ev {
+	case evOther:
+		if s.RetryAfter > 0 {
+			d.NotBefore = now.Add(s.RetryAfter)
+		}
+	case evExhausted:
+		// A hold only ever extends: Decision.Hold says it was.
+		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
+			st.hold, d.Hold = until, until
+		}
+		if s.RetryAfter > 0 {
+			d.NotBefore = now.Add(s.RetryAfter)
+		}
+		// An advertised limit is believed: a throttle at it holds the key
+		// and lowers nothing (discovery is for limits nobody states).
+		advertised := st.advertised > 0 && now.Before(st.advertisedUntil)
+		if s.throttled() && cfg.discover && !advertised && (st.decreased.IsZero() || s.SentAt.After(st.decreased)) {
+			st.decrease(cfg, now, old)
+		}
+	}
+	if new := st.rate(cfg, now); new != old {
+		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
+		if new < old && ev == evExhausted && s.throttled() {
+			d.Why = "throttled"
+		}
+	}
+	return d
+}
+
+// classify reads what a signal means for the key, q being its most
+// restrictive request quota (when hasQ).
+func classify(s *Signal, q Quota, hasQ bool) evidence {
+	switch {
+	case s.Scope == ScopeBilling:
+		return evBilling
+	case s.throttled() && s.Scope == ScopeOther:
+		return evOther
+	case s.throttled() && hasQ && q.Remaining > 0 && s.Scope != ScopeQuota:
+		// The provider's own count says the quota is not the reason.
+		return evOther
+	case s.throttled():
+		return evExhausted
+	case hasQ && q.Remaining == 0 && q.HasReset && q.Reset > 0:
+		return evExhausted
+	}
+	return evNone
+}
+
+// learnShape learns what the key's reset means from a response to a request
+// sent after a "remaining 0" and before its reset: accepted, the provider
+// refills continuously (a bucket); refused with nothing left, it waits for
+// the reset (a window).
+func (st *ctlState) learnShape(s *Signal, ev evidence) {
+	if st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
+		return
+	}
+	switch {
+	case s.Status >= 200 && s.Status < 300:
+		st.shape = shapeBucket
+	case ev == evExhausted && s.throttled():
+		st.shape = shapeWindow
+	}
+}
+
+// holdUntil returns until when an exhausted quota holds the key: a window
+// until its reset (or the Retry-After, if later); a bucket until its next
+// unit (the request that got a throttle waits its own Retry-After, through
+// NotBefore); a shape not yet known for the Retry-After, or briefly
+// (probeHold) when there is none, so that the next request tells; a
+// throttle with no count at all for its Retry-After, or one unit. rate is
+// the key's rate in units per second.
+func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, rate float64) time.Time {
+	now := s.Now
+	if !hasQ || !q.HasReset {
+		if s.HasRetryAfter {
+			return now.Add(s.RetryAfter)
+		}
+		return now.Add(time.Duration(float64(time.Second) / rate))
+	}
+	reset := q.Reset
+	if q.Remaining == 0 {
+		st.zeroAt, st.zeroUntil = now, now.Add(reset)
+	}
+	switch st.shape {
+	case shapeWindow:
+		return now.Add(max(reset, s.RetryAfter))
+	case shapeBucket:
+		return now.Add(min(reset, time.Duration(float64(time.Second)/rate)))
+	}
+	// Not known yet: hold briefly, so that the next request tells; a
+	// throttle's own Retry-After holds the key all the same.
+	return now.Add(max(s.RetryAfter, min(reset, max(probeHold, time.Duration(float64(time.Second)/rate)))))
+}
+
+// decrease lowers the key's rate after a throttle at rate w: to just under
+// the limit the key's recent outcomes show (the share of its requests the
+// provider accepted, times the rate they were sent at), or by beta when
+// there are too few of them; and the climb back aims at that limit (CUBIC's
+// fast convergence when it is below the last aim, RFC 8312 §4.6).
+func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
+	wmax, w0 := w, cfg.beta*w
+	if est, ok := st.meter.estimate(now, w); ok && est < w {
+		wmax = est
+		w0 = est * estimateMargin
+	} else if w < st.wmax {
+		wmax = w * (1 + cfg.beta) / 2
+	}
+	st.wmax, st.w0 = wmax, max(w0, cfg.floor)
+	st.decreased = now
+	st.climb = maxTime(now, st.hold)
+}
+
+// estimateMargin is how far under its estimate of the limit discovery sets
+// the rate after a throttle: the climb back from there to the estimate
+// takes several seconds (see cubic), and the estimate is noisy.
+const estimateMargin = 0.92
+
+// meter counts a key's recent outcomes in four slots of a quarter second,
+// by the time the request was sent.
+type meter struct {
+	slot     [4]int64 // the slot's start, in quarter seconds since the epoch
+	accepted [4]int32
+	refused  [4]int32
+}
+
+const meterSlot = 250 * time.Millisecond
+
+// add counts an outcome of a request sent at sent.
+func (m *meter) add(sent time.Time, refused, accepted bool) {
+	if sent.IsZero() || (!refused && !accepted) {
+		return
+	}
+	n := sent.UnixNano() / int64(meterSlot)
+	i := n % int64(len(m.slot))
+	if m.slot[i] != n {
+		m.slot[i], m.accepted[i], m.refused[i] = n, 0, 0
+	}
+	if refused {
+		m.refused[i]++
+	} else {
+		m.accepted[i]++
+	}
+}
+
+// minEstimateSamples and minEstimateRefusals are how many outcomes, and
+// refusals among them, the meter needs for an estimate.
+const (
+	minEstimateSamples  = 10
+	minEstimateRefusals = 3
+)
+
+// estimate returns the limit the outcomes of the last second show: the
+// share accepted times the rate w they were sent at.
+func (m *meter) estimate(now time.Time, w float64) (float64, bool) {
+	n := now.UnixNano() / int64(meterSlot)
+	var acc, ref int32
+	for i, s := range m.slot {
+		if s > n-int64(len(m.slot)) && s <= n {
+			acc, ref = acc+m.accepted[i], ref+m.refused[i]
+		}
+	}
+	// Until the provider has refused several, the share it accepted is
+	// inflated by the burst it held when the key started sending: the
+	// first refusal comes exactly when that burst runs out.
+	if acc+ref < minEstimateSamples || ref < minEstimateRefusals {
+		return 0, false
+	}
+	return w * float64(acc) / float64(acc+ref), true
+}
+
+// defaultLearn returns the learning settings of a limiter at rate r.
+func defaultLearn(r Rate) learnConfig {
+	return learnConfig{
+		configured: r.PerSecond(), discover: true, advertise: true,
+		beta: defaultBeta, c: defaultC, floor: r.PerSecond() / 10,
+	}
+}
+
+// statusThrottles reports whether a status may be a throttle.
+func statusThrottles(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
+}

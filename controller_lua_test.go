@@ -1,0 +1,106 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-go/egress/internal/lua"
+	"github.com/egress-go/egress/internal/redistest"
+)
+
+// The Go and Lua versions of the same arithmetic, run on the same inputs:
+// the scripts' pure functions (internal/lua/rate.lua) are called through
+// EVAL on a real redis-server, and compared with the Go that the local
+// limiters and the controller run.
+
+// evalFloats runs the scripts' prelude followed by body, which returns a
+// table of numbers as strings, and parses them.
+func evalFloats(t *testing.T, ctx context.Context, run func(ctx context.Context, script string) (any, error), body string) []float64 {
+	t.Helper()
+	reply, err := run(ctx, lua.Rate+body)
+	require.NoError(t, err)
+	vals, ok := reply.([]any)
+	require.True(t, ok, "reply %v", reply)
+	out := make([]float64, len(vals))
+	for i, v := range vals {
+		s, ok := v.(string)
+		require.True(t, ok, "reply %v", reply)
+		out[i], err = strconv.ParseFloat(s, 64)
+		require.NoError(t, err)
+	}
+	return out
+}
+
+func TestLuaMatchesGo(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+
+	t.Run("cubic", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var calls []string
+		type in struct{ t, w0, wmax, c float64 }
+		var ins []in
+		for range 200 {
+			wmax := 1 + rng.Float64()*1000
+			x := in{t: rng.Float64() * 20, w0: wmax * (0.3 + 0.7*rng.Float64()), wmax: wmax, c: 0.0005 + rng.Float64()*0.05}
+			ins = append(ins, x)
+			calls = append(calls, fmt.Sprintf("string.format('%%.17g', cubic(%.17g, %.17g, %.17g, %.17g))", x.t, x.w0, x.wmax, x.c))
+		}
+		got := evalFloats(t, ctx, run, "return {"+strings.Join(calls, ", ")+"}")
+		for i, x := range ins {
+			want := cubic(x.t, x.w0, x.wmax, x.c)
+			assert.InEpsilon(t, want, got[i], 1e-12, "cubic(%v)", x)
+		}
+	})
+
+	// The bucket: a schedule of requests at random times and costs, each
+	// admitted as soon as the bucket allows (no budget), through the
+	// script's turn and through the local TokenBucket on a fake clock: the
+	// same waits, to the microsecond the script counts in.
+	t.Run("bucket", func(t *testing.T) {
+		for _, tc := range []struct {
+			r      float64
+			burst  int
+			margin time.Duration
+		}{{10, 5, 0}, {100, 10, 5 * time.Millisecond}, {3, 1, 5 * time.Millisecond}, {1000, 20, 5 * time.Millisecond}} {
+			t.Run(fmt.Sprintf("%v/s burst %d margin %v", tc.r, tc.burst, tc.margin), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(3, uint64(tc.burst)))
+				tb, fc := newTokenBucketOnFake(t, PerSecond(tc.r), tc.burst, WithTransitMargin(tc.margin))
+				b := float64(tc.burst) - jitterMargin(PerSecond(tc.r), tc.burst, tc.margin)
+				interval := 1e6 / tc.r
+				var lines []string
+				lines = append(lines, "local tat, out = 0, {}")
+				var goWaits []float64
+				at := 0.0 // us from the epoch
+				for range 300 {
+					at += rng.ExpFloat64() * interval * 0.8
+					cost := 1 + rng.IntN(tc.burst)
+					limAdvanceTo(fc, limiterEpoch.Add(time.Duration(at)*time.Microsecond))
+					d, err := delayOf(tb.reserve("k", cost, budget{}))
+					require.NoError(t, err)
+					goWaits = append(goWaits, float64(d/time.Microsecond))
+					now := math.Floor(at)
+					lines = append(lines, fmt.Sprintf("do local nt, turnAt = turn(tat, %.0f, %d, %.17g, %.17g); tat = nt; out[#out+1] = string.format('%%.17g', turnAt - %.0f) end",
+						now, cost, b, interval, now))
+				}
+				lines = append(lines, "return out")
+				got := evalFloats(t, ctx, run, strings.Join(lines, "\n"))
+				require.Len(t, got, len(goWaits))
+				for i := range got {
+					assert.InDelta(t, goWaits[i], got[i], 2, "request %d: Go waits %vus, Lua %vus", i, goWaits[i], got[i])
+				}
+			})
+		}
+	})
+}

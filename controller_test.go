@@ -1,0 +1,615 @@
+package egress
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of the key's controller (controller.go): the limiter options, the
+// rules as step tables of recorded response sequences → decisions on
+// explicit times, and the rules through the local limiters and the
+// Transport. The Go and Lua versions of the same arithmetic are compared in
+// controller_lua_test.go. No test here sleeps.
+
+var ctlEpoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// nopLimiter is a Limiter of another package's kind: it grants everything
+// and learns nothing.
+type nopLimiter struct{}
+
+func (nopLimiter) Wait(context.Context, string, int, time.Duration) (time.Duration, error) {
+	return 0, nil
+}
+
+func TestLimiterOptionValidation(t *testing.T) {
+	nan := math.NaN()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, tc := range []struct {
+		name string
+		opt  LearnOption
+		want []string // each must appear in the error: the option, the field and the value
+	}{
+		{"beta one", WithAdaptive(AdaptivePolicy{Beta: 1}), []string{"AdaptivePolicy.Beta", " 1:", "(0, 1)"}},
+		{"beta above one", WithAdaptive(AdaptivePolicy{Beta: 1.5}), []string{"AdaptivePolicy.Beta", "1.5"}},
+		{"negative beta", WithAdaptive(AdaptivePolicy{Beta: -0.1}), []string{"AdaptivePolicy.Beta", "-0.1"}},
+		{"NaN beta", WithAdaptive(AdaptivePolicy{Beta: nan}), []string{"AdaptivePolicy.Beta", "NaN"}},
+		{"negative C", WithAdaptive(AdaptivePolicy{C: -0.4}), []string{"AdaptivePolicy.C", "-0.4"}},
+		{"infinite C", WithAdaptive(AdaptivePolicy{C: math.Inf(1)}), []string{"AdaptivePolicy.C", "+Inf"}},
+		{"floor above configured", WithAdaptive(AdaptivePolicy{Floor: PerSecond(200)}), []string{"AdaptivePolicy.Floor", "200/s", "100/s"}},
+		{"zero floor", WithAdaptive(AdaptivePolicy{Floor: PerSecond(0)}), []string{"AdaptivePolicy.Floor", "0/s"}},
+		{"NaN floor", WithAdaptive(AdaptivePolicy{Floor: PerSecond(nan)}), []string{"AdaptivePolicy.Floor", "NaN/s"}},
+		{"negative transit margin", WithTransitMargin(-time.Millisecond), []string{"WithTransitMargin", "-1ms"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, make := range []struct {
+				op string
+				f  func() (any, error)
+			}{
+				{"NewTokenBucket", func() (any, error) { return NewTokenBucket(PerSecond(100), 10, tc.opt) }},
+				{"NewLeakyBucket", func() (any, error) { return NewLeakyBucket(PerSecond(100), 10, tc.opt) }},
+				{"NewSharedTokenBucket", func() (any, error) {
+					return NewSharedTokenBucket(rdb, "x", PerSecond(100), 10, tc.opt)
+				}},
+			} {
+				l, err := make.f()
+				require.Error(t, err, make.op)
+				assert.ErrorIs(t, err, ErrInvalidConfig)
+				assert.Contains(t, err.Error(), make.op)
+				for _, w := range tc.want {
+					assert.Contains(t, err.Error(), w, make.op)
+				}
+				assert.Nil(t, l)
+			}
+		})
+	}
+	_, err := NewTokenBucket(PerSecond(100), 10, nil)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "NewTokenBucket: option")
+}
+
+func TestLimiterOptionDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    Rate
+		opts []LimiterOption
+		want learnConfig
+	}{
+		{"defaults: discovery and advertised limits on", PerSecond(100), nil,
+			learnConfig{configured: 100, discover: true, advertise: true, beta: 0.7, c: 0.005, floor: 10}},
+		{"WithAdaptive tunes", PerSecond(100), []LimiterOption{WithAdaptive(AdaptivePolicy{Beta: 0.5, C: 0.01, Floor: PerSecond(20)})},
+			learnConfig{configured: 100, discover: true, advertise: true, beta: 0.5, c: 0.01, floor: 20}},
+		{"the default floor keeps the unit", PerMinute(600), []LimiterOption{WithAdaptive(AdaptivePolicy{})},
+			learnConfig{configured: 10, discover: true, advertise: true, beta: 0.7, c: 0.005, floor: 1}},
+		{"WithoutDiscovery", PerSecond(100), []LimiterOption{WithoutDiscovery()},
+			learnConfig{configured: 100, discover: false, advertise: true, beta: 0.7, c: 0.005, floor: 10}},
+		{"WithoutAdvertisedLimits", PerSecond(100), []LimiterOption{WithoutAdvertisedLimits()},
+			learnConfig{configured: 100, discover: true, advertise: false, beta: 0.7, c: 0.005, floor: 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb, err := NewTokenBucket(tc.r, 10, tc.opts...)
+			require.NoError(t, err)
+			assert.InDelta(t, tc.want.configured, tb.learn.configured, 1e-9)
+			assert.InDelta(t, tc.want.floor, tb.learn.floor, 1e-9)
+			tc.want.configured, tc.want.floor = tb.learn.configured, tb.learn.floor
+			assert.Equal(t, tc.want, tb.learn)
+			lb, err := NewLeakyBucket(tc.r, 10, tc.opts...)
+			require.NoError(t, err)
+			assert.Equal(t, tb.learn, lb.learn)
+		})
+	}
+}
+
+func TestJitterMargin(t *testing.T) {
+	for _, tc := range []struct {
+		r     Rate
+		burst int
+		d     time.Duration
+		want  float64
+	}{
+		{PerSecond(100), 10, 5 * time.Millisecond, 0.5},
+		{PerSecond(1000), 10, 5 * time.Millisecond, 5},
+		{PerSecond(1000), 4, 5 * time.Millisecond, 3}, // always one unit left to use
+		{PerSecond(100), 1, 5 * time.Millisecond, 0},  // a burst of one has nothing to spare
+		{PerSecond(100), 10, 0, 0},                    // WithTransitMargin(0)
+		{PerMinute(60), 5, 5 * time.Millisecond, 0.005},
+	} {
+		assert.InDelta(t, tc.want, jitterMargin(tc.r, tc.burst, tc.d), 1e-9, "%v burst %d margin %v", tc.r, tc.burst, tc.d)
+	}
+}
+
+// ---- the rules, step by step ----
+
+// sig is a recorded response for the step tables: at is when it was read,
+// sent when its request was sent (both from ctlEpoch).
+type sig struct {
+	at, sent  time.Duration
+	status    int
+	ra        time.Duration // Retry-After; -1 for none
+	remaining float64       // -1 for none
+	reset     time.Duration // -1 for none
+	limit     float64       // advertised quota; 0 for none
+	window    time.Duration
+	scope     Scope
+}
+
+func (s sig) signal() *Signal {
+	out := &Signal{Now: ctlEpoch.Add(s.at), SentAt: ctlEpoch.Add(s.sent), Status: s.status, Scope: s.scope}
+	if s.ra >= 0 {
+		out.RetryAfter, out.HasRetryAfter = s.ra, true
+	}
+	q := Quota{}
+	has := false
+	if s.remaining >= 0 {
+		q.Remaining, q.HasRemaining, has = s.remaining, true, true
+	}
+	if s.reset >= 0 {
+		q.Reset, q.HasReset, has = s.reset, true, true
+	}
+	if s.limit > 0 {
+		q.Limit, q.HasLimit, q.Window, q.HasWindow, has = s.limit, true, s.window, true, true
+	}
+	if has {
+		out.Quotas = []Quota{q}
+	}
+	return out
+}
+
+// ok, throttle and zero are the recorded responses of the tables.
+func ok(at, sent time.Duration) sig {
+	return sig{at: at, sent: sent, status: 200, ra: -1, remaining: -1, reset: -1}
+}
+
+func throttle(at, sent, ra time.Duration) sig {
+	return sig{at: at, sent: sent, status: 429, ra: ra, remaining: -1, reset: -1}
+}
+
+func withQuota(s sig, remaining float64, reset time.Duration) sig {
+	s.remaining, s.reset = remaining, reset
+	return s
+}
+
+// want is a step's expected decision; offsets from ctlEpoch, 0 for none.
+type want struct {
+	hold, notBefore time.Duration
+	rate            float64 // the key's rate right after; 0: the configured 100
+	why             string
+	shape           shape
+}
+
+func TestControllerSteps(t *testing.T) {
+	const ms = time.Millisecond
+	s := time.Second
+	for _, tc := range []struct {
+		name  string
+		cfg   func(*learnConfig)
+		steps []sig
+		wants []want
+	}{
+		{
+			name:  "a 429 with no count holds the key for its Retry-After and lowers the rate by beta",
+			steps: []sig{throttle(0, 0, 2*s)},
+			wants: []want{{hold: 2 * s, notBefore: 2 * s, rate: 70, why: "throttled"}},
+		},
+		{
+			name:  "a 429 whose count shows quota left delays only its request",
+			steps: []sig{withQuota(throttle(0, 0, 2*s), 5, s)},
+			wants: []want{{notBefore: 2 * s}},
+		},
+		{
+			name:  "a 429 the provider marks as not about the quota delays only its request",
+			steps: []sig{{status: 429, ra: 2 * s, remaining: -1, reset: -1, scope: ScopeOther}},
+			wants: []want{{notBefore: 2 * s}},
+		},
+		{
+			name:  "a billing error neither holds nor lowers",
+			steps: []sig{{status: 429, ra: 2 * s, remaining: 0, reset: s, scope: ScopeBilling}},
+			wants: []want{{}},
+		},
+		{
+			name:  "a 503 with Retry-After is a throttle; a 500 is not",
+			steps: []sig{{at: 0, status: 500, ra: s, remaining: -1, reset: -1}, {at: ms, sent: ms, status: 503, ra: s, remaining: -1, reset: -1}},
+			wants: []want{{}, {hold: ms + s, notBefore: ms + s, rate: 70, why: "throttled"}},
+		},
+		{
+			name: "remaining 0 from a provider not known yet: a short hold, and an acceptance after it says bucket",
+			steps: []sig{
+				withQuota(ok(0, 0), 0, s),
+				withQuota(ok(150*ms, 120*ms), 0, s), // sent after the zero, before its reset: accepted
+				withQuota(ok(300*ms, 290*ms), 0, s),
+			},
+			wants: []want{
+				{hold: probeHold},
+				{hold: 160 * ms, shape: shapeBucket}, // a bucket's next unit: 1/rate
+				{hold: 310 * ms, shape: shapeBucket},
+			},
+		},
+		{
+			name: "remaining 0, then a refusal sent before the reset: a window, held until its reset",
+			steps: []sig{
+				withQuota(ok(0, 0), 0, 2*s),
+				withQuota(throttle(150*ms, 120*ms, s), 0, 1850*ms),
+			},
+			wants: []want{
+				{hold: probeHold},
+				{hold: 2 * s, notBefore: 150*ms + s, rate: 70, why: "throttled", shape: shapeWindow},
+			},
+		},
+		{
+			name:  "remaining 0 with a reset sooner than the probe holds until the reset",
+			steps: []sig{withQuota(ok(0, 0), 0, 30*ms)},
+			wants: []want{{hold: 30 * ms}},
+		},
+		{
+			name:  "remaining 0 without a reset says nothing",
+			steps: []sig{withQuota(ok(0, 0), 0, -1)},
+			wants: []want{{}},
+		},
+		{
+			name: "throttles to requests sent before the last decrease belong to its episode",
+			steps: []sig{
+				throttle(10*ms, 0, 0),
+				throttle(12*ms, 5*ms, 0),  // sent before the decrease at 10ms: same episode
+				throttle(30*ms, 20*ms, 0), // sent after it: a new episode
+			},
+			wants: []want{
+				{rate: 70, why: "throttled"},
+				{rate: 70},
+				{rate: 49, why: "throttled"},
+			},
+		},
+		{
+			name:  "an advertised limit sets the rate at once",
+			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
+			wants: []want{{rate: 50, why: "advertised"}},
+		},
+		{
+			name: "while an advertised limit is believed, throttles hold the key and lower nothing",
+			steps: []sig{
+				{at: 10 * ms, sent: 5 * ms, status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s},
+				withQuota(throttle(12*ms, 8*ms, s), 0, s),
+				withQuota(throttle(30*ms, 20*ms, s), 0, s),
+			},
+			wants: []want{
+				{rate: 50, why: "advertised"},
+				{hold: 12*ms + s, notBefore: 12*ms + s, rate: 50},
+				{hold: 30*ms + s, notBefore: 30*ms + s, rate: 50, shape: shapeWindow}, // the advertised limit is believed
+			},
+		},
+		{
+			name:  "an advertised limit above the configured rate changes nothing",
+			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 500, window: s}},
+			wants: []want{{}},
+		},
+		{
+			name:  "WithoutAdvertisedLimits",
+			cfg:   func(c *learnConfig) { c.advertise = false },
+			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
+			wants: []want{{}},
+		},
+		{
+			name:  "WithoutDiscovery: a throttle holds, and lowers nothing",
+			cfg:   func(c *learnConfig) { c.discover = false },
+			steps: []sig{throttle(0, 0, s)},
+			wants: []want{{hold: s, notBefore: s}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Len(t, tc.wants, len(tc.steps))
+			cfg := defaultLearn(PerSecond(100))
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			var st ctlState
+			for i, step := range tc.steps {
+				s := step.signal()
+				d := st.learn(&cfg, s)
+				w := tc.wants[i]
+				at := func(off time.Duration) time.Time {
+					if off == 0 {
+						return time.Time{}
+					}
+					return ctlEpoch.Add(off)
+				}
+				assert.Equal(t, at(w.hold), d.Hold, "step %d: hold", i)
+				assert.Equal(t, at(w.notBefore), d.NotBefore, "step %d: not before", i)
+				rate := w.rate
+				if rate == 0 {
+					rate = 100
+				}
+				assert.InDelta(t, rate, st.rate(&cfg, s.Now), 0.5, "step %d: rate", i)
+				assert.Equal(t, w.why, d.Why, "step %d: why", i)
+				if w.why != "" {
+					assert.InDelta(t, rate, d.New.PerSecond(), 0.5, "step %d: Decision.New", i)
+				}
+				assert.Equal(t, w.shape, st.shape, "step %d: shape", i)
+			}
+		})
+	}
+}
+
+func repeat(n int, f func(i int) sig) []sig {
+	out := make([]sig, n)
+	for i := range out {
+		out[i] = f(i)
+	}
+	return out
+}
+
+// TestControllerEstimate: with a second of outcomes, a throttle lowers the
+// rate to estimateMargin of the limit they show (the accepted share times
+// the rate), aims the climb back at that limit, and the climb reaches it.
+func TestControllerEstimate(t *testing.T) {
+	cfg := defaultLearn(PerSecond(100))
+	var st ctlState
+	// 60 accepted and 40 refused over the last second, at 100/s: the
+	// provider takes 60/s.
+	for i := range 100 {
+		at := time.Duration(i) * 10 * time.Millisecond
+		status := 200
+		if i%5 < 2 {
+			status = 429
+		}
+		s := &Signal{Now: ctlEpoch.Add(at), SentAt: ctlEpoch.Add(at), Status: status}
+		if status == 200 {
+			st.meter.add(s.SentAt, false, true)
+			continue
+		}
+		st.meter.add(s.SentAt, true, false)
+	}
+	now := ctlEpoch.Add(time.Second)
+	d := st.learn(&cfg, &Signal{Now: now, SentAt: now, Status: 429})
+	assert.Equal(t, "throttled", d.Why)
+	assert.InDelta(t, 60, st.wmax, 1, "the aim: the limit the outcomes show")
+	assert.InDelta(t, 60*estimateMargin, st.rate(&cfg, now), 1, "just under it")
+	k := math.Cbrt((1 - estimateMargin) / cfg.c)
+	assert.InDelta(t, 60, st.rate(&cfg, now.Add(time.Duration(k*float64(time.Second)))), 1, "back at the aim after K = %.1fs", k)
+	assert.Greater(t, k, 2.0, "the climb back to the aim takes seconds")
+}
+
+// TestControllerCubic: the climb back is w0 at the decrease, the aim at K,
+// above it after, and never above the configured rate nor below the floor.
+func TestControllerCubic(t *testing.T) {
+	cfg := defaultLearn(PerSecond(100))
+	st := ctlState{wmax: 80, w0: 56, climb: ctlEpoch}
+	k := math.Cbrt((80 - 56) / (cfg.c * 80))
+	at := func(s float64) time.Time { return ctlEpoch.Add(time.Duration(s * float64(time.Second))) }
+	assert.InDelta(t, 56, st.rate(&cfg, ctlEpoch), 1e-9)
+	assert.InDelta(t, 80, st.rate(&cfg, at(k)), 1e-9)
+	assert.Greater(t, st.rate(&cfg, at(k+2)), 80.0)
+	assert.Equal(t, 100.0, st.rate(&cfg, at(k+60)), "never above the configured rate")
+	low := ctlState{wmax: 12, w0: 1, climb: ctlEpoch}
+	assert.Equal(t, 10.0, low.rate(&cfg, ctlEpoch), "never below the floor")
+}
+
+// ---- through the local limiters ----
+
+func TestTokenBucketHoldsAndResumesAtTheRate(t *testing.T) {
+	tb, fc := newTokenBucketOnFake(t, PerSecond(10), 5, WithoutDiscovery(), WithTransitMargin(0))
+	ctx := context.Background()
+	d := tb.Learn(ctx, "k", Signal{Now: fc.Now(), SentAt: fc.Now(), Status: 429, RetryAfter: time.Second, HasRetryAfter: true})
+	require.Equal(t, fc.Now().Add(time.Second), d.Hold)
+	// During the hold every request waits for its end, then the bucket
+	// holds one token (not its burst): the next follow at the rate.
+	for i, wantDelay := range []time.Duration{time.Second, 1100 * time.Millisecond, 1200 * time.Millisecond} {
+		delay, err := delayOf(tb.reserve("k", 1, budget{}))
+		require.NoError(t, err)
+		assert.Equal(t, wantDelay, delay, "request %d", i)
+	}
+	// Another key is not held.
+	delay, err := delayOf(tb.reserve("other", 1, budget{}))
+	require.NoError(t, err)
+	assert.Zero(t, delay)
+	// A hold longer than the budget refuses at once.
+	_, err = delayOf(tb.reserve("k", 1, budget{maxWait: 500 * time.Millisecond}))
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, ReasonMaxWait, le.Reason)
+	assert.Equal(t, 1300*time.Millisecond, le.Wait, "the real wait: the hold and the queue")
+}
+
+// TestTokenBucketTransitMargin: the bucket keeps rate·5ms of its burst in
+// reserve: every unit of the burst goes, the last one after 5 ms, and a
+// request that must wait for the refill waits 5 ms more; the sustained
+// rate is whole.
+func TestTokenBucketTransitMargin(t *testing.T) {
+	tb, fc := newTokenBucketOnFake(t, PerSecond(100), 10, WithTransitMargin(5*time.Millisecond))
+	require.InDelta(t, 0.5, tb.margin, 1e-9)
+	for i := range 9 {
+		delay, err := delayOf(tb.reserve("k", 1, budget{}))
+		require.NoError(t, err)
+		require.Zero(t, delay, "request %d", i)
+	}
+	delay, err := delayOf(tb.reserve("k", 1, budget{}))
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Millisecond, delay, "the last unit of the burst waits for half a unit more")
+	delay, err = delayOf(tb.reserve("k", 1, budget{}))
+	require.NoError(t, err)
+	assert.Equal(t, 15*time.Millisecond, delay, "then a unit, and the margin")
+	// A second later the bucket has refilled 100 units, its burst of 10.
+	limAdvanceTo(fc, fc.Now().Add(time.Second))
+	delay, err = delayOf(tb.reserve("k", 10, budget{}))
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Millisecond, delay, "a cost of the whole burst is granted, after the margin")
+}
+
+func TestLeakyBucketHolds(t *testing.T) {
+	lb, fc := newLeakyBucketOnFake(t, PerSecond(10), 10)
+	ctx := context.Background()
+	d := lb.Learn(ctx, "k", Signal{Now: fc.Now(), SentAt: fc.Now(), Status: 429, RetryAfter: time.Second, HasRetryAfter: true})
+	require.False(t, d.Hold.IsZero())
+	_, err := lb.Wait(ctx, "k", 1, 500*time.Millisecond)
+	var le *LimitError
+	require.ErrorAs(t, err, &le, "the hold is longer than the max wait: refused at once")
+	assert.Equal(t, time.Second, le.Wait)
+}
+
+// ---- through the Transport ----
+
+// rateChanges records the calls of Observer.OnRateChange.
+type rateChanges struct {
+	mu    sync.Mutex
+	calls []rateChange
+}
+
+type rateChange struct {
+	key      string
+	old, new Rate
+	why      string
+}
+
+func (r *rateChanges) observer() Observer {
+	return Observer{OnRateChange: func(key string, old, new Rate, why string) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.calls = append(r.calls, rateChange{key, old, new, why})
+	}}
+}
+
+func (r *rateChanges) get() []rateChange {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]rateChange(nil), r.calls...)
+}
+
+// ctlServer answers every request with status and the headers h.
+func ctlServer(t *testing.T, status int, h http.Header) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		for k, v := range h {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// ctlGet sends n GETs to srv through tr, one after the other, and returns
+// their statuses.
+func ctlGet(t *testing.T, tr *Transport, srv *httptest.Server, n int) []int {
+	t.Helper()
+	c := &http.Client{Transport: tr}
+	t.Cleanup(c.CloseIdleConnections)
+	var got []int
+	for range n {
+		resp, err := c.Get(srv.URL + "/v1/charges")
+		require.NoError(t, err)
+		resp.Body.Close()
+		got = append(got, resp.StatusCode)
+	}
+	return got
+}
+
+func ctlKey(srv *httptest.Server) string { return srv.Listener.Addr().String() }
+
+func TestTransportBelievesAdvertisedLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+		opts   []LimiterOption
+		want   float64 // the rate after; 100 for no change
+	}{
+		{"RateLimit-Policy", http.Header{"Ratelimit-Policy": {`"default";q=50;w=1`}}, nil, 50},
+		{"RateLimit-Policy per minute", http.Header{"Ratelimit-Policy": {`"default";q=3000;w=60`}}, nil, 50},
+		{"RateLimit-Limit with a window", http.Header{"Ratelimit-Limit": {"50;w=1"}}, nil, 50},
+		{"the lowest policy wins", http.Header{"Ratelimit-Policy": {`"burst";q=100;w=1, "day";q=8640000;w=86400, "min";q=2400;w=60`}}, nil, 40},
+		{"X-RateLimit-Limit without a window", http.Header{"X-Ratelimit-Limit": {"50"}}, nil, 100},
+		{"advertised above the configured rate", http.Header{"Ratelimit-Policy": {`"default";q=200;w=1`}}, nil, 100},
+		{"WithoutAdvertisedLimits", http.Header{"Ratelimit-Policy": {`"default";q=50;w=1`}}, []LimiterOption{WithoutAdvertisedLimits()}, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := ctlServer(t, http.StatusOK, tc.header)
+			for _, l := range []interface {
+				Limiter
+				EffectiveRate(string) Rate
+			}{mustTB(t, PerSecond(100), 20, tc.opts...), mustLB(t, PerSecond(100), 20, tc.opts...)} {
+				var rec rateChanges
+				tr := mustNewTransport(t, srv.Client().Transport, WithLimiter(l), WithObserver(rec.observer()))
+				for _, code := range ctlGet(t, tr, srv, 5) {
+					require.Equal(t, http.StatusOK, code)
+				}
+				key := ctlKey(srv)
+				if tc.want == 100 {
+					assert.Empty(t, rec.get())
+					assert.Equal(t, PerSecond(100), l.EffectiveRate(key))
+					continue
+				}
+				assert.Equal(t, []rateChange{{key, PerSecond(100), PerSecond(tc.want), "advertised"}}, rec.get(),
+					"one change, not one a response")
+				assert.Equal(t, PerSecond(tc.want), l.EffectiveRate(key))
+			}
+		})
+	}
+}
+
+func mustTB(t *testing.T, r Rate, burst int, opts ...LimiterOption) *TokenBucket {
+	t.Helper()
+	tb, err := NewTokenBucket(r, burst, opts...)
+	require.NoError(t, err)
+	return tb
+}
+
+func mustLB(t *testing.T, r Rate, depth int, opts ...LimiterOption) *LeakyBucket {
+	t.Helper()
+	lb, err := NewLeakyBucket(r, depth, opts...)
+	require.NoError(t, err)
+	return lb
+}
+
+// TestTransportNotAboutTheQuota: a provider that throttles a share of
+// requests whatever the rate, with a count that shows quota left: only the
+// throttled request waits its Retry-After; the others go on at once, and
+// the rate is not lowered.
+func TestTransportNotAboutTheQuota(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("RateLimit", `"default";r=50;t=1`)
+		if n.Add(1) == 1 {
+			w.Header().Set("Retry-After", "30")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	tb := mustTB(t, PerSecond(100), 20)
+	var rec rateChanges
+	tr := mustNewTransport(t, srv.Client().Transport, WithLimiter(tb), WithObserver(rec.observer()))
+	start := time.Now()
+	assert.Equal(t, []int{429, 200, 200, 200}, ctlGet(t, tr, srv, 4), "without retries, the 429 comes back")
+	assert.Less(t, time.Since(start), 5*time.Second, "the key was not held for 30 s")
+	assert.Empty(t, rec.get(), "the rate was not lowered")
+	assert.Equal(t, PerSecond(100), tb.EffectiveRate(ctlKey(srv)))
+}
+
+// TestTransportBillingErrorIsNotRetried: a 429 the provider marks as a
+// billing error, or says not to retry, comes back at once.
+func TestTransportProviderSaysDoNotRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		scope Scope
+		retry RetryDecision
+	}{
+		{"billing", ScopeBilling, RetryDefault},
+		{"should not retry", ScopeUnknown, RetryNo},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := RetryPolicy{MaxAttempts: 3}
+			s := &Signal{Status: 429, Scope: tc.scope, Retry: tc.retry}
+			req := httptest.NewRequest(http.MethodGet, "http://x/", nil)
+			assert.False(t, p.worthRetry(req, &http.Response{StatusCode: 429}, nil, s))
+		})
+	}
+}

@@ -1,0 +1,113 @@
+-- control: a key's controller, for the whole fleet, on the Redis server's
+-- clock (follows rate.lua). The same rules as ctlState.learn in
+-- controller.go, applied to what one response said.
+--
+-- KEYS[1]  the key's learnt state (see rate.lua)
+-- KEYS[2]  the key's hold: no admission before this server time (us)
+-- KEYS[3]  the key's bucket (its tat, see reserve.lua)
+-- ARGV[1]  the configured rate, units per second
+-- ARGV[2], ARGV[3], ARGV[4], ARGV[5]  discovery: on (1) or off (0), C,
+--          floor, beta
+-- ARGV[6]  the advertised limit, units per second; 0 when none
+-- ARGV[7]  how long an advertised limit is believed, in us; also the TTL
+-- ARGV[8]  1 when the response says the key's quota is exhausted, else 0
+-- ARGV[9]  1 when the response is a throttle (429, ...), else 0
+-- ARGV[10] 1 when the response is an acceptance (2xx), else 0
+-- ARGV[11] how long ago the request was sent, in us; -1 when unknown
+-- ARGV[12] the quota's reset, in us; -1 when the response has none
+-- ARGV[13] 1 when the quota's remaining is 0, else 0
+-- ARGV[14] the response's Retry-After, in us; -1 when none
+-- ARGV[15] the limit the instance's recent outcomes show, units per
+--          second; 0 when too few
+-- ARGV[16] the usable burst; 0 for a pacer
+-- ARGV[17] how long a "remaining 0" holds a key of unknown shape, in us
+-- ARGV[18] the channel on which to tell every instance of a hold
+-- ARGV[19] the key's id, sent on the channel as "<id> <hold left in us>"
+--
+-- Returns {old rate, new rate (strings, full precision), hold left in us
+-- (0 when the response holds nothing), shape}.
+local configured, discover, c, floor, beta = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[5])
+local old = effective(KEYS[1], now, configured, discover, c, floor)
+local adv, ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local exhausted, throttled, accepted = ARGV[8] == '1', ARGV[9] == '1', ARGV[10] == '1'
+local sent = -1
+if tonumber(ARGV[11]) >= 0 then sent = now - tonumber(ARGV[11]) end
+local reset, rem0, ra = tonumber(ARGV[12]), ARGV[13] == '1', tonumber(ARGV[14])
+local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
+
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu')
+local shape = tonumber(st[1]) or 0
+local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
+local advu = tonumber(st[6])
+
+-- The shape, from a request sent after a "remaining 0" and before its reset.
+if zat and zun and sent > zat and sent < zun then
+  if accepted then
+    shape = 2
+  elseif exhausted and throttled then
+    shape = 1
+  end
+end
+if adv > 0 then
+  redis.call('HSET', KEYS[1], 'adv', string.format('%.17g', adv), 'advu', string.format('%.0f', now + ttl))
+  advu = now + ttl
+  if adv < old then
+    -- Throttles to requests sent before this lowering belong to the old
+    -- rate: they lower nothing further.
+    redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', now))
+    dec = now
+  end
+end
+
+local held = 0
+if exhausted then
+  local unit = 1000000 / old
+  local untilus
+  if reset < 0 then
+    if ra >= 0 then untilus = now + ra else untilus = now + unit end
+  else
+    if rem0 then
+      redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', now + reset))
+    end
+    if shape == 1 then
+      untilus = now + math.max(reset, ra)
+    elseif shape == 2 then
+      untilus = now + math.min(reset, unit)
+    else
+      untilus = now + math.max(ra, math.min(reset, math.max(probe, unit)))
+    end
+  end
+  local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if untilus > cur and untilus > now then
+    redis.call('SET', KEYS[2], string.format('%.0f', untilus), 'PX', math.ceil((untilus - now) / 1000) + 1)
+    -- The bucket is emptied as of the hold's end but for one unit, so that
+    -- the fleet resumes at the rate rather than in a burst.
+    if burst > 0 then
+      local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+      local drained = untilus + (burst - 1) * unit
+      if drained > tat then
+        redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
+      end
+    end
+    redis.call('PUBLISH', ARGV[18], ARGV[19] .. ' ' .. string.format('%.0f', untilus - now))
+    held = math.ceil(untilus - now)
+    cur = untilus
+  end
+  -- Discovery: a throttle to a request sent after the last decrease, when
+  -- no advertised limit is believed (a throttle at one lowers nothing).
+  if throttled and discover > 0 and not (advu and now < advu) and (not dec or sent > dec) then
+    local wmax, w0 = old, beta * old
+    if est > 0 and est < old then
+      wmax, w0 = est, est * 0.92
+    elseif prev and old < prev then
+      wmax = old * (1 + beta) / 2
+    end
+    redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', math.max(w0, floor)),
+      'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', now))
+  end
+end
+redis.call('HSET', KEYS[1], 'shape', shape)
+redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
+local new = effective(KEYS[1], now, configured, discover, c, floor)
+return {string.format('%.17g', old), string.format('%.17g', new), held, shape}
