@@ -62,7 +62,8 @@ type Decision struct {
 	Err error
 }
 
-// shape is what a key's reset means, as learnt from the provider.
+// shape is what a key's reset means, as learnt from the provider, or as
+// its dialect says (Quota.Kind; the values match ResetKind's).
 type shape uint8
 
 const (
@@ -156,6 +157,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	old := st.rate(cfg, now)
 	q, hasQ := s.requestQuota()
 	ev := classify(s, q, hasQ)
+	if st.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
+		st.shape = shape(q.Kind) // the dialect says what its reset means
+	}
 	st.learnShape(s, ev)
 	st.meter.add(s.SentAt, ev == evExhausted, s.Status != 0 && !s.throttled())
 

@@ -104,3 +104,59 @@ func TestLuaMatchesGo(t *testing.T) {
 		}
 	})
 }
+
+// TestSharedControllerSteps runs the controller's step tables through a
+// SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
+// redis-server: the fleet's controller decides as the Go one does. The
+// script reads the server's clock, so each step is sent at its time (the
+// tables span at most a third of a second) and holds are compared to a
+// few milliseconds. One difference is by design: a success saying
+// "remaining 0" from a provider known to refill continuously holds the key
+// for one unit in the Go, and not at all in the fleet (a Redis round trip
+// per response would cost more than the unit it waits).
+func TestSharedControllerSteps(t *testing.T) {
+	srv := redistest.Start(t)
+	const tolerance = 25 * time.Millisecond
+	for i, tc := range ctlTables() {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+			for _, o := range tc.opts {
+				opts = append(opts, o)
+			}
+			l := newSharedTB(t, srv.Client(t), fmt.Sprintf("steps%d", i), PerSecond(100), 10, opts...)
+			var goSt ctlState
+			goCfg := l.learn
+			start := time.Now()
+			for j, step := range tc.steps {
+				if d := time.Until(start.Add(step.at)); d > 0 {
+					time.Sleep(d)
+				}
+				s := *step.signal()
+				now := time.Now()
+				s.SentAt, s.Now = now.Add(step.sent-step.at), now
+				bucketBefore := goSt.shape == shapeBucket
+				want := goSt.learn(&goCfg, &s)
+				got := l.Learn(context.Background(), "k", s)
+				require.NoError(t, got.Err, "step %d", j)
+
+				if (bucketBefore || step.kind == ResetKindBucket) && !s.throttled() {
+					assert.True(t, got.Hold.IsZero(), "step %d: the fleet does not hold a bucket for a unit", j)
+				} else if want.Hold.IsZero() {
+					assert.True(t, got.Hold.IsZero(), "step %d: no hold, got %v", j, got.Hold.Sub(now))
+				} else {
+					require.False(t, got.Hold.IsZero(), "step %d: a hold of %v", j, want.Hold.Sub(now))
+					assert.InDelta(t, want.Hold.Sub(now), got.Hold.Sub(now), float64(tolerance), "step %d: hold", j)
+				}
+				assert.Equal(t, want.NotBefore.IsZero(), got.NotBefore.IsZero(), "step %d: not before", j)
+				assert.Equal(t, want.Why, got.Why, "step %d: why", j)
+				assert.InDelta(t, goSt.rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1, "step %d: rate", j)
+				l.mu.Lock()
+				lr := l.learnt.m[keyID("k")]
+				l.mu.Unlock()
+				if lr != nil && (goSt.shape != shapeUnknown || lr.shape != shapeUnknown) {
+					assert.Equal(t, goSt.shape, lr.shape, "step %d: shape", j)
+				}
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -142,6 +143,7 @@ type sig struct {
 	limit     float64       // advertised quota; 0 for none
 	window    time.Duration
 	scope     Scope
+	kind      ResetKind
 }
 
 func (s sig) signal() *Signal {
@@ -160,6 +162,7 @@ func (s sig) signal() *Signal {
 	if s.limit > 0 {
 		q.Limit, q.HasLimit, q.Window, q.HasWindow, has = s.limit, true, s.window, true, true
 	}
+	q.Kind = s.kind
 	if has {
 		out.Quotas = []Quota{q}
 	}
@@ -188,15 +191,21 @@ type want struct {
 	shape           shape
 }
 
-func TestControllerSteps(t *testing.T) {
+// ctlTable is a recorded response sequence and the decisions it must get,
+// for a limiter at 100/s with opts.
+type ctlTable struct {
+	name  string
+	opts  []LearnOption
+	steps []sig
+	wants []want
+}
+
+// ctlTables are the controller's rules, one table each; TestControllerSteps
+// runs them through the Go, TestSharedControllerSteps through the script.
+func ctlTables() []ctlTable {
 	const ms = time.Millisecond
 	s := time.Second
-	for _, tc := range []struct {
-		name  string
-		cfg   func(*learnConfig)
-		steps []sig
-		wants []want
-	}{
+	return []ctlTable{
 		{
 			name:  "a 429 with no count holds the key for its Retry-After and lowers the rate by beta",
 			steps: []sig{throttle(0, 0, 2*s)},
@@ -247,6 +256,20 @@ func TestControllerSteps(t *testing.T) {
 			},
 		},
 		{
+			name: "a dialect that says its reset is a window's end: held until the reset at once",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, 40*time.Minute); x.kind = ResetKindWindow; return x }(),
+			},
+			wants: []want{{hold: 40 * time.Minute, shape: shapeWindow}},
+		},
+		{
+			name: "a dialect that says its reset is a bucket's: held one unit",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, time.Minute); x.kind = ResetKindBucket; return x }(),
+			},
+			wants: []want{{hold: 10 * ms, shape: shapeBucket}},
+		},
+		{
 			name:  "remaining 0 with a reset sooner than the probe holds until the reset",
 			steps: []sig{withQuota(ok(0, 0), 0, 30*ms)},
 			wants: []want{{hold: 30 * ms}},
@@ -294,23 +317,29 @@ func TestControllerSteps(t *testing.T) {
 		},
 		{
 			name:  "WithoutAdvertisedLimits",
-			cfg:   func(c *learnConfig) { c.advertise = false },
+			opts:  []LearnOption{WithoutAdvertisedLimits()},
 			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
 			wants: []want{{}},
 		},
 		{
 			name:  "WithoutDiscovery: a throttle holds, and lowers nothing",
-			cfg:   func(c *learnConfig) { c.discover = false },
+			opts:  []LearnOption{WithoutDiscovery()},
 			steps: []sig{throttle(0, 0, s)},
 			wants: []want{{hold: s, notBefore: s}},
 		},
-	} {
+	}
+}
+
+func TestControllerSteps(t *testing.T) {
+	for _, tc := range ctlTables() {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Len(t, tc.wants, len(tc.steps))
-			cfg := defaultLearn(PerSecond(100))
-			if tc.cfg != nil {
-				tc.cfg(&cfg)
+			var o learnOptions
+			for _, opt := range tc.opts {
+				opt.applyLearn(&o)
 			}
+			cfg, err := learnSettings("test", PerSecond(100), o)
+			require.NoError(t, err)
 			var st ctlState
 			for i, step := range tc.steps {
 				s := step.signal()
@@ -610,6 +639,65 @@ func TestTransportProviderSaysDoNotRetry(t *testing.T) {
 			s := &Signal{Status: 429, Scope: tc.scope, Retry: tc.retry}
 			req := httptest.NewRequest(http.MethodGet, "http://x/", nil)
 			assert.False(t, p.worthRetry(req, &http.Response{StatusCode: 429}, nil, s))
+		})
+	}
+}
+
+// TestTransportLongQuotaHold: GitHub's hourly quota, answered 403 with
+// remaining 0 and a reset 40 minutes away, holds the key until the reset
+// (past the one-minute pause cap, within WithMaxQuotaHold): a request that
+// cannot wait that long is refused at once, with the real wait, and
+// nothing more reaches the provider.
+func TestTransportLongQuotaHold(t *testing.T) {
+	var n atomic.Int32
+	reset := time.Now().Add(40 * time.Minute)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n.Add(1)
+		w.Header().Set("X-Ratelimit-Limit", "5000")
+		w.Header().Set("X-Ratelimit-Remaining", "0")
+		w.Header().Set("X-Ratelimit-Used", "5000")
+		w.Header().Set("X-Ratelimit-Resource", "core")
+		w.Header().Set("X-Ratelimit-Reset", strconv.FormatInt(reset.Unix(), 10))
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct {
+		name string
+		lim  Limiter
+		opts []Option
+		want time.Duration // the hold; 0: capped by WithMaxQuotaHold below
+	}{
+		{"token bucket", mustTB(t, Per(5000, time.Hour), 10), nil, 40 * time.Minute},
+		{"leaky bucket", mustLB(t, Per(5000, time.Hour), 10), nil, 40 * time.Minute},
+		{"no limiter", nil, nil, 40 * time.Minute},
+		{"WithMaxQuotaHold caps it", mustTB(t, Per(5000, time.Hour), 10), []Option{WithMaxQuotaHold(10 * time.Minute)}, 10 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n.Store(0)
+			opts := tc.opts
+			if tc.lim != nil {
+				opts = append(opts, WithLimiter(tc.lim))
+			}
+			tr := mustNewTransport(t, srv.Client().Transport, opts...)
+			c := &http.Client{Transport: tr}
+			t.Cleanup(c.CloseIdleConnections)
+			resp, err := c.Get(srv.URL)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusForbidden, resp.StatusCode)
+
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = c.Do(req)
+			var le *LimitError
+			require.ErrorAs(t, err, &le)
+			assert.Less(t, time.Since(start), time.Second, "refused at once, not after a minute")
+			assert.Equal(t, ReasonDeadline, le.Reason)
+			assert.InDelta(t, tc.want.Seconds(), le.Wait.Seconds(), 5, "the real wait")
+			assert.EqualValues(t, 1, n.Load(), "nothing more reached the provider")
 		})
 	}
 }

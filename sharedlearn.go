@@ -110,16 +110,20 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		s.learnt.put(id, l)
 	}
 	l.meter.add(sig.SentAt, ev == evExhausted, sig.Status != 0 && !sig.throttled())
+	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
+		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
+	}
 	est, hasEst := l.meter.estimate(now, l.rate)
 	call := false
 	switch ev {
 	case evExhausted:
 		// A bucket refills continuously: a "remaining 0" it answers a
 		// success with holds for one unit only, which the rate does anyway.
-		call = sig.throttled() || l.shape != shapeBucket
+		call = sig.throttled() || (l.shape != shapeBucket && q.Kind != ResetKindBucket)
 	case evNone:
 		call = (adv > 0 && !(l.advertised == adv && now.Sub(l.wrote) < advertisedTTL/2)) ||
-			(accepted && l.shape == shapeUnknown && !l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
+			(accepted && l.shape == shapeUnknown && q.Kind == ResetKindUnknown &&
+				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
 	}
 	s.mu.Unlock()
 
@@ -195,7 +199,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		adv, micros(advertisedTTL),
 		flag(ev == evExhausted), flag(sig.throttled()), flag(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices), ago,
 		reset, flag(hasQ && q.HasRemaining && q.Remaining == 0), ra,
-		est, s.usable, micros(probeHold), s.channel(), id,
+		est, s.usable, micros(probeHold), s.channel(), id, int(q.Kind),
 	}
 	keys := s.redisKeys(id)
 	var reply []any

@@ -40,20 +40,21 @@ import (
 // request body on every path where it does not send it. It is safe for
 // simultaneous use by multiple goroutines.
 type Transport struct {
-	base     http.RoundTripper
-	limiter  Limiter
-	keyFunc  func(*http.Request) string
-	costFunc func(*http.Request) int
-	maxWait  time.Duration
-	obs      Observer
-	retry    *RetryPolicy // nil: no retries
-	budget   retryBudget  // used when retry != nil
-	maxPause time.Duration
-	learner  Learner // the limiter, when it is one; else the Transport's own holds
-	holds    *holds  // the Transport's own holds, when the limiter is not a Learner; nil otherwise
-	clock    clock.Clock
-	rand     func() float64 // the backoff's random source; nil: math/rand/v2
-	signals  signalConfig   // how responses are read (dialect.go)
+	base         http.RoundTripper
+	limiter      Limiter
+	keyFunc      func(*http.Request) string
+	costFunc     func(*http.Request) int
+	maxWait      time.Duration
+	obs          Observer
+	retry        *RetryPolicy // nil: no retries
+	budget       retryBudget  // used when retry != nil
+	maxPause     time.Duration
+	maxQuotaHold time.Duration
+	learner      Learner // the limiter, when it is one; else the Transport's own holds
+	holds        *holds  // the Transport's own holds, when the limiter is not a Learner; nil otherwise
+	clock        clock.Clock
+	rand         func() float64 // the backoff's random source; nil: math/rand/v2
+	signals      signalConfig   // how responses are read (dialect.go)
 }
 
 // Option configures a Transport in New.
@@ -71,6 +72,7 @@ type config struct {
 	observer Observer
 	retry    *RetryPolicy
 	maxPause time.Duration
+	maxQuota time.Duration
 	signals  signalConfig // how responses are read (dialect.go)
 	errs     []error
 }
@@ -140,15 +142,32 @@ func WithRetry(p RetryPolicy) Option {
 	})
 }
 
-// WithMaxPause caps how long a response may hold a key (Retry-After, or a
-// quota's reset): a hostile or broken header never parks the fleet for
-// longer. Default 1 minute. It must be positive.
+// WithMaxPause caps how long a response's Retry-After may hold a key or
+// delay its request: a hostile or broken header never parks the fleet for
+// longer. A longer Retry-After counts as this long, and a retry it asked for
+// is given up. Default 1 minute. It must be positive. (An exhausted quota's
+// reset has its own cap: WithMaxQuotaHold.)
 func WithMaxPause(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d <= 0 {
 			c.errs = append(c.errs, configError("WithMaxPause", d, "must be positive"))
 		}
 		c.maxPause = d
+	})
+}
+
+// WithMaxQuotaHold caps how long an exhausted quota may hold a key until
+// its reset: GitHub's hourly quota, answered "remaining 0" with a reset 40
+// minutes away, holds the key (fleet-wide with a shared limiter) until that
+// reset, and every request that cannot wait that long is refused at once
+// with a *LimitError whose Wait is the real wait. Default 24 hours. It must
+// be positive; Retry-After keeps the WithMaxPause cap.
+func WithMaxQuotaHold(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, configError("WithMaxQuotaHold", d, "must be positive"))
+		}
+		c.maxQuota = d
 	})
 }
 
@@ -197,6 +216,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		keyFunc:  hostKey,
 		costFunc: unitCost,
 		maxPause: defaultMaxPause,
+		maxQuota: defaultMaxQuotaHold,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -212,16 +232,17 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		base = http.DefaultTransport
 	}
 	t := &Transport{
-		base:     base,
-		limiter:  c.limiter,
-		keyFunc:  c.keyFunc,
-		costFunc: c.costFunc,
-		maxWait:  c.maxWait,
-		obs:      c.observer,
-		retry:    c.retry,
-		maxPause: c.maxPause,
-		clock:    clock.Real{},
-		signals:  c.signals,
+		base:         base,
+		limiter:      c.limiter,
+		keyFunc:      c.keyFunc,
+		costFunc:     c.costFunc,
+		maxWait:      c.maxWait,
+		obs:          c.observer,
+		retry:        c.retry,
+		maxPause:     c.maxPause,
+		maxQuotaHold: c.maxQuota,
+		clock:        clock.Real{},
+		signals:      c.signals,
 	}
 	if t.retry != nil {
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
@@ -235,8 +256,11 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	return t, nil
 }
 
-// defaultMaxPause is the default of WithMaxPause.
-const defaultMaxPause = time.Minute
+// The defaults of WithMaxPause and WithMaxQuotaHold.
+const (
+	defaultMaxPause     = time.Minute
+	defaultMaxQuotaHold = 24 * time.Hour
+)
 
 // isNilPointer reports whether v is a nil pointer in an interface, such as
 // a (*TokenBucket)(nil) passed as a Limiter.
@@ -347,7 +371,11 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, se
 	if resp == nil {
 		return Signal{Now: t.clock.Now(), SentAt: sentAt}, Decision{}
 	}
-	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), t.maxPause)
+	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), max(t.maxPause, t.maxQuotaHold))
+	if sig.RetryAfter > t.maxPause {
+		// Retry-After has the pause cap; only a quota's reset may hold longer.
+		sig.RetryAfter, sig.RetryAfterTooLong = t.maxPause, true
+	}
 	d := t.learner.Learn(req.Context(), key, sig)
 	if !d.Hold.IsZero() && t.obs.OnCooldown != nil {
 		t.obs.OnCooldown(key, d.Hold, d.Err)

@@ -23,6 +23,8 @@
 -- ARGV[17] how long a "remaining 0" holds a key of unknown shape, in us
 -- ARGV[18] the channel on which to tell every instance of a hold
 -- ARGV[19] the key's id, sent on the channel as "<id> <hold left in us>"
+-- ARGV[20] what the quota's reset means, as the provider's dialect says:
+--          0 unknown, 1 a window, 2 a bucket (the shape's own values)
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape}.
@@ -41,7 +43,9 @@ local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu = tonumber(st[6])
 
--- The shape, from a request sent after a "remaining 0" and before its reset.
+-- The shape, as the dialect says, or from a request sent after a
+-- "remaining 0" and before its reset.
+if shape == 0 and tonumber(ARGV[20]) > 0 then shape = tonumber(ARGV[20]) end
 if zat and zun and sent > zat and sent < zun then
   if accepted then
     shape = 2
