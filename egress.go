@@ -18,12 +18,15 @@
 //	client := &http.Client{Transport: tr}
 //	resp, err := client.Get("https://api.example.com/v1/charges")
 //
-// A response that asks callers to wait (429 or 503 with Retry-After, or
-// rate-limit headers saying nothing is left) pauses every request of its key;
-// WithRetry adds polite retries (full-jitter backoff, safe methods only, a
-// retry budget); advertised limits lower a key's rate, and WithAdaptive
-// discovers unadvertised ones. NewSharedTokenBucket and NewSharedLeakyBucket
-// hold one limit for a whole fleet through Redis.
+// Every response is read in the provider's dialect (OpenAI, Anthropic,
+// GitHub, the IETF fields, ...; see SignalReader) and handed to the key's
+// controller: an exhausted quota holds every request of the key, a throttle
+// that is not about the quota delays only its request, an advertised limit
+// lowers the key's rate, and throttling at the configured rate discovers the
+// real one (see Learner and WithAdaptive). WithRetry adds polite retries
+// (full-jitter backoff, safe methods only, a retry budget).
+// NewSharedTokenBucket and NewSharedLeakyBucket hold one limit, and its
+// controller, for a whole fleet through Redis.
 //
 // Every type in this package is safe for simultaneous use by multiple
 // goroutines unless its documentation says otherwise.

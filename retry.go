@@ -43,10 +43,10 @@ type RetryPolicy struct {
 	// MaxElapsed bounds the time from the first attempt to the start of the
 	// last: no retry starts later. Default 1m.
 	MaxElapsed time.Duration
-	// MaxRetryAfter caps every wait learnt from a response header
-	// (Retry-After, rate-limit resets), for retries and for the pause of a
-	// key alike, so a broken or hostile header cannot park the service.
-	// A response asking for more is returned at once. Default 1m.
+	// MaxRetryAfter is the longest Retry-After a retry waits for: a
+	// response asking for more is returned at once. Default 1m. (How long a
+	// response may hold its key is the Transport's WithMaxPause and
+	// WithMaxQuotaHold.)
 	MaxRetryAfter time.Duration
 	// RetryableStatuses are the statuses worth another attempt.
 	// Default 429, 502, 503, 504.

@@ -22,7 +22,8 @@ type Signal struct {
 	// port); per-host settings such as WithResetUnit match it.
 	Host string
 	// MaxWait caps RetryAfter and every Quota's Reset: the Transport's
-	// pause cap (RetryPolicy.MaxRetryAfter). Zero or negative: no cap.
+	// caps, the larger of WithMaxPause and WithMaxQuotaHold (it then holds
+	// RetryAfter to WithMaxPause itself). Zero or negative: no cap.
 	MaxWait time.Duration
 
 	// RetryAfter is the wait the provider asked for (Retry-After,

@@ -13,18 +13,19 @@ import (
 )
 
 // Transport is an http.RoundTripper that holds outbound requests to the rate
-// its Limiter allows, key by key, honours the pauses providers ask for, and
+// its Limiter allows, key by key, honours the holds providers ask for, and
 // retries what is safe to retry.
 //
 // For each request it computes the key (KeyFunc, the host by default) and the
-// cost (CostFunc, 1 by default), waits out any pause of the key, waits for
-// the limiter to grant that cost, then sends the request through the base
-// RoundTripper. A response that asks callers to wait (429 or 503 with
-// Retry-After, or rate-limit headers saying nothing is left until a reset)
-// pauses every request of the key in this Transport until then, capped by
-// RetryPolicy.MaxRetryAfter. With WithRetry, failed attempts are sent again
-// as RetryPolicy describes; each attempt passes the pause and the limiter
-// again. A request the limiter
+// cost (CostFunc, 1 by default), waits for the limiter to grant that cost
+// (and for any hold of the key to end), then sends the request through the
+// base RoundTripper. It reads every response into a Signal and hands it to
+// the key's controller — the limiter's, when the limiter is a Learner, or
+// the Transport's own — which decides whether the key is held, its rate
+// changed, or only this request delayed (see Learner). Retry-After is capped
+// by WithMaxPause, an exhausted quota's reset by WithMaxQuotaHold. With
+// WithRetry, failed attempts are sent again as RetryPolicy describes; each
+// attempt passes the limiter again. A request the limiter
 // refuses (its wait would outlast the context's deadline or the maximum
 // wait, its queue is full, its cost is too high) is not sent: RoundTrip
 // returns a *LimitError that matches ErrRateLimited, and closes the request
@@ -32,7 +33,7 @@ import (
 // error.
 //
 // A Transport without a limiter (no WithLimiter option) sends every request
-// unthrottled; it still honours pauses. Without WithRetry it sends each
+// unthrottled; it still honours holds. Without WithRetry it sends each
 // request once.
 //
 // Transport keeps the http.RoundTripper contract: it does not modify the
