@@ -160,3 +160,58 @@ func TestSharedControllerSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedFallbackKeepsTheLearntRate: while Redis is down, a key's share
+// comes from the rate the fleet learnt for it (here advertised), not from
+// the configured one.
+func TestSharedFallbackKeepsTheLearntRate(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newSharedTB(t, srv.Client(t), "learnt-fallback", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	ctx := context.Background()
+	now := time.Now()
+	d := l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{{
+		Limit: 20, HasLimit: true, Window: time.Second, HasWindow: true, Remaining: 10, HasRemaining: true,
+	}}})
+	require.NoError(t, d.Err)
+	require.Equal(t, PerSecond(20), l.EffectiveRate("k"))
+
+	srv.Stop()
+	_, err := l.Wait(ctx, "k", 1, 0) // finds Redis down
+	require.NoError(t, err)
+	fb := l.fallback.Load()
+	require.NotNil(t, fb)
+	live := float64(max(1, l.Stats().LiveInstances))
+	assert.InDelta(t, 20/live, fb.limiter.(*TokenBucket).EffectiveRate("k").PerSecond(), 1e-9, "the learnt rate's share")
+	assert.InDelta(t, 100/live, fb.limiter.(*TokenBucket).EffectiveRate("other").PerSecond(), 1e-9, "a key that learnt nothing: the configured rate's share")
+	srv.Restart(t)
+	require.Eventually(t, func() bool { return !l.Stats().Fallback }, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestSharedPreCheckUsesTheLearntRate: the pacer's in-process refusal of a
+// request behind the turns it holds predicts the script with the key's
+// learnt rate. At 100/s configured and 20/s advertised, with a queue of 10
+// units (half a second at 20/s), a fifth request 200 ms behind is within
+// the queue: predicting with 100/s (a queue of 100 ms) would refuse it as
+// full, which the script would not.
+func TestSharedPreCheckUsesTheLearntRate(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newSharedLB(t, srv.Client(t), "precheck", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	ctx := context.Background()
+	now := time.Now()
+	require.NoError(t, l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{{
+		Limit: 20, HasLimit: true, Window: time.Second, HasWindow: true,
+	}}}).Err)
+	_, err := l.Wait(ctx, "k", 1, 0)
+	require.NoError(t, err)
+	require.Equal(t, PerSecond(20), l.EffectiveRate("k"))
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { _, err := l.Wait(ctx, "k", 1, 0); errs <- err }()
+	}
+	require.Eventually(t, func() bool { return l.Stats().Admitted == 5 }, time.Second, time.Millisecond)
+	_, err = l.Wait(ctx, "k", 1, 0)
+	assert.NoError(t, err, "within the queue at the learnt rate")
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+}
