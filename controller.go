@@ -101,6 +101,7 @@ type ctlState struct {
 	zeroAt          time.Time // when a "remaining 0" was last seen
 	zeroUntil       time.Time // the reset it came with
 	meter           meter     // the key's recent outcomes, for the estimate of its limit
+	storm           storm     // whether throttles without counts are about the quota
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -162,6 +163,10 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	}
 	st.learnShape(s, ev)
 	st.meter.add(s.SentAt, ev == evExhausted, s.Status != 0 && !s.throttled())
+	if ev == evExhausted && !hasQ && st.storm.notQuota(s, &st.meter) {
+		ev = evOther
+	}
+	st.storm.count(s)
 
 	if cfg.advertise {
 		if adv := s.advertised(); adv > 0 {
@@ -182,6 +187,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
 			st.hold, d.Hold = until, until
+			if !hasQ {
+				st.storm.held(until)
+			}
 		}
 		if s.RetryAfter > 0 {
 			d.NotBefore = now.Add(s.RetryAfter)
@@ -315,6 +323,75 @@ func (m *meter) add(sent time.Time, refused, accepted bool) {
 	} else {
 		m.accepted[i]++
 	}
+}
+
+// refusedShare returns the share of the last second's outcomes that were
+// refusals, and ok false when they are too few to tell.
+func (m *meter) refusedShare(now time.Time) (float64, bool) {
+	n := now.UnixNano() / int64(meterSlot)
+	var acc, ref int32
+	for i, s := range m.slot {
+		if s > n-int64(len(m.slot)) && s <= n {
+			acc, ref = acc+m.accepted[i], ref+m.refused[i]
+		}
+	}
+	if acc+ref < minEstimateSamples {
+		return 0, false
+	}
+	return float64(ref) / float64(acc+ref), true
+}
+
+// storm tells throttles that carry no count and are not about the caller's
+// quota (a storm of lock timeouts, load shedding) from an exhausted quota:
+// a provider that asked the key to wait, was obeyed, and refuses one of the
+// very first requests sent after the wait did not refuse it for the quota —
+// it had the whole wait to refill. From then on, for stormTTL, such
+// throttles delay only their own request; unless most of the key's recent
+// requests are refused, which is an exhausted quota whatever the headers
+// say.
+type storm struct {
+	holdEnd time.Time // the end of the last hold a throttle without counts set
+	after   int       // responses seen to requests sent since holdEnd
+	until   time.Time // throttles without counts are not about the quota until then
+}
+
+// stormFirst is how many of the first requests after a hold a refusal
+// among marks the throttles as a storm; stormTTL is how long that belief
+// lasts without new evidence; stormExit is the share of refusals that ends
+// it.
+const (
+	stormFirst = 2
+	stormTTL   = time.Minute
+	stormExit  = 0.5
+)
+
+// held records a hold that a throttle without counts set.
+func (st *storm) held(until time.Time) { st.holdEnd, st.after = until, 0 }
+
+// count counts a response to a request sent after the last hold ended.
+func (st *storm) count(s *Signal) {
+	if !st.holdEnd.IsZero() && !s.SentAt.Before(st.holdEnd) {
+		st.after++
+	}
+}
+
+// notQuota reports whether s, a throttle without counts, is not about the
+// key's quota, learning from it.
+func (st *storm) notQuota(s *Signal, m *meter) bool {
+	now := s.Now
+	if now.Before(st.until) {
+		if share, ok := m.refusedShare(now); ok && share >= stormExit {
+			st.until = time.Time{}
+			return false
+		}
+		st.until = now.Add(stormTTL)
+		return true
+	}
+	if !st.holdEnd.IsZero() && !s.SentAt.Before(st.holdEnd) && st.after < stormFirst {
+		st.until = now.Add(stormTTL)
+		return true
+	}
+	return false
 }
 
 // minEstimateSamples and minEstimateRefusals are how many outcomes, and

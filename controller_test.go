@@ -293,6 +293,36 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
+			name: "a refusal among the first requests after a hold that was obeyed is not about the quota: a storm",
+			steps: []sig{
+				throttle(0, 0, s),
+				throttle(1005*ms, 1001*ms, s), // the first request after the hold: refused
+				throttle(1200*ms, 1190*ms, s), // in the storm: only its request waits
+				ok(1300*ms, 1290*ms),
+			},
+			wants: []want{
+				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{notBefore: 1005*ms + s, rate: 70.2}, // the climb back starts when the hold ends
+				{notBefore: 1200*ms + s, rate: 74.4},
+				{rate: 76.4},
+			},
+		},
+		{
+			name: "a refusal after the first requests after a hold is about the quota",
+			steps: []sig{
+				throttle(0, 0, s),
+				ok(1050*ms, 1046*ms),
+				ok(1080*ms, 1076*ms),
+				throttle(1110*ms, 1106*ms, s),
+			},
+			wants: []want{
+				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{rate: 71.2},
+				{rate: 72.1},
+				{hold: 1110*ms + s, notBefore: 1110*ms + s, rate: 50.7, why: "throttled"},
+			},
+		},
+		{
 			name:  "an advertised limit sets the rate at once",
 			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
 			wants: []want{{rate: 50, why: "advertised"}},

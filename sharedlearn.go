@@ -26,6 +26,7 @@ type learntRate struct {
 	advertised float64   // the advertised limit this instance last wrote
 	wrote      time.Time // when
 	meter      meter
+	storm      storm
 }
 
 func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
@@ -110,6 +111,10 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		s.learnt.put(id, l)
 	}
 	l.meter.add(sig.SentAt, ev == evExhausted, sig.Status != 0 && !sig.throttled())
+	if ev == evExhausted && !hasQ && l.storm.notQuota(&sig, &l.meter) {
+		ev = evOther
+	}
+	l.storm.count(&sig)
 	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
 		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
 	}
@@ -156,6 +161,9 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	s.mu.Lock()
 	l = s.seenLocked(id, new, now)
 	l.shape = shp
+	if held > 0 && !hasQ {
+		l.storm.held(d.Hold)
+	}
 	if hasQ && q.HasRemaining && q.Remaining == 0 && q.HasReset {
 		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
 	}
