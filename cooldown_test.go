@@ -1,17 +1,15 @@
 package egress
 
 // Tests of the per-key pauses (cooldown.go) and of how the Transport learns
-// them from responses, with and without retries. The helpers of
-// retry_test.go (rtyServer, rtyScript, ...) serve here too.
+// them from responses, with and without retries. The helpers are in
+// helpers_test.go and retry_test.go.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,16 +19,8 @@ import (
 	"github.com/egress-go/egress/internal/clock"
 )
 
-var coolEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-
-// holdSignal is a 429 at now asking to wait d, with no quota count: it
-// holds its key for d.
-func holdSignal(now time.Time, d time.Duration) Signal {
-	return Signal{Now: now, SentAt: now, Status: http.StatusTooManyRequests, RetryAfter: d, HasRetryAfter: true}
-}
-
 func TestHoldsRemaining(t *testing.T) {
-	var clk clock.Clock = clock.NewFake(coolEpoch)
+	var clk clock.Clock = clock.NewFake(limiterEpoch)
 	fc := clk.(*clock.Fake)
 	h := newHolds(&clk)
 	ctx := context.Background()
@@ -39,8 +29,8 @@ func TestHoldsRemaining(t *testing.T) {
 	assert.Zero(t, d)
 	assert.True(t, now.IsZero(), "with no hold ever made, remaining reads no clock")
 
-	require.False(t, h.Learn(ctx, "a", holdSignal(coolEpoch, 2*time.Second)).Hold.IsZero())
-	require.False(t, h.Learn(ctx, "b", holdSignal(coolEpoch, 500*time.Millisecond)).Hold.IsZero())
+	require.False(t, h.Learn(ctx, "a", holdSignal(limiterEpoch, 2*time.Second)).Hold.IsZero())
+	require.False(t, h.Learn(ctx, "b", holdSignal(limiterEpoch, 500*time.Millisecond)).Hold.IsZero())
 
 	type want struct {
 		key  string
@@ -60,17 +50,17 @@ func TestHoldsRemaining(t *testing.T) {
 		fc.Advance(s.advance)
 		for _, w := range s.wants {
 			d, now := h.remaining(w.key)
-			assert.Equal(t, w.left, d, "key %s at epoch+%v", w.key, fc.Now().Sub(coolEpoch))
+			assert.Equal(t, w.left, d, "key %s at epoch+%v", w.key, fc.Now().Sub(limiterEpoch))
 			assert.Equal(t, fc.Now(), now, "remaining returns the time it read")
 		}
 	}
 }
 
 func TestHoldsOnlyExtend(t *testing.T) {
-	var clk clock.Clock = clock.NewFake(coolEpoch)
+	var clk clock.Clock = clock.NewFake(limiterEpoch)
 	h := newHolds(&clk)
 	ctx := context.Background()
-	now := coolEpoch
+	now := limiterEpoch
 	for i, s := range []struct {
 		wait     time.Duration // asked for
 		extended bool
@@ -93,10 +83,10 @@ func TestHoldsOnlyExtend(t *testing.T) {
 }
 
 func TestHoldsSweepDropsKeysAtRest(t *testing.T) {
-	var clk clock.Clock = clock.NewFake(coolEpoch)
+	var clk clock.Clock = clock.NewFake(limiterEpoch)
 	h := newHolds(&clk)
 	ctx := context.Background()
-	now := coolEpoch
+	now := limiterEpoch
 	// 60 short holds and 4 long ones fill the table to the sweep size.
 	for i := range 60 {
 		h.Learn(ctx, fmt.Sprintf("short-%d", i), holdSignal(now, time.Second))
@@ -131,56 +121,15 @@ func TestHoldsSweepDropsKeysAtRest(t *testing.T) {
 }
 
 func TestHoldsSweepSizeGrowsWithTheTable(t *testing.T) {
-	var clk clock.Clock = clock.NewFake(coolEpoch)
+	var clk clock.Clock = clock.NewFake(limiterEpoch)
 	h := newHolds(&clk)
 	for i := range 200 {
-		h.Learn(context.Background(), fmt.Sprintf("k%d", i), holdSignal(coolEpoch, time.Hour))
+		h.Learn(context.Background(), fmt.Sprintf("k%d", i), holdSignal(limiterEpoch, time.Hour))
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	assert.Len(t, h.keys, 200, "running holds are never dropped")
 	assert.GreaterOrEqual(t, h.sweepAt, len(h.keys)/2, "the sweep is amortised: not on every hold")
-}
-
-// coolCall is one call of Observer.OnCooldown.
-type coolCall struct {
-	key   string
-	until time.Time
-	err   error
-}
-
-// coolRecorder records OnCooldown, OnReject and OnWait.
-type coolRecorder struct {
-	mu      sync.Mutex
-	pauses  []coolCall
-	rejects []error
-	waits   []time.Duration
-}
-
-func (r *coolRecorder) observer() Observer {
-	return Observer{
-		OnCooldown: func(key string, until time.Time, err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.pauses = append(r.pauses, coolCall{key, until, err})
-		},
-		OnReject: func(_ string, err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.rejects = append(r.rejects, err)
-		},
-		OnWait: func(_ string, waited time.Duration) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.waits = append(r.waits, waited)
-		},
-	}
-}
-
-func (r *coolRecorder) snapshot() (pauses []coolCall, rejects []error, waits []time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append(pauses, r.pauses...), append(rejects, r.rejects...), append(waits, r.waits...)
 }
 
 func TestCooldownWhatPausesAKey(t *testing.T) {
@@ -193,11 +142,11 @@ func TestCooldownWhatPausesAKey(t *testing.T) {
 		{"429 with Retry-After", rtyA(429, "Retry-After", "1"), nil, time.Second},
 		{"429 with a decimal Retry-After", rtyA(429, "Retry-After", "1.5"), nil, 1500 * time.Millisecond},
 		{"503 with Retry-After", rtyA(503, "Retry-After", "2"), nil, 2 * time.Second},
-		{"429 with an HTTP-date Retry-After", rtyA(429, "Retry-After", coolEpoch.Add(30*time.Second).Format(http.TimeFormat)), nil, 30 * time.Second},
+		{"429 with an HTTP-date Retry-After", rtyA(429, "Retry-After", limiterEpoch.Add(30*time.Second).Format(http.TimeFormat)), nil, 30 * time.Second},
 		// Remaining 0 on a success, from a provider whose reset's meaning is
 		// not known yet: a short hold, and the next request tells.
 		{"200 with X-RateLimit-Remaining 0 and Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), nil, probeHold},
-		{"200 with an epoch X-RateLimit-Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", fmt.Sprint(coolEpoch.Add(4*time.Second).Unix())), nil, probeHold},
+		{"200 with an epoch X-RateLimit-Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", fmt.Sprint(limiterEpoch.Add(4*time.Second).Unix())), nil, probeHold},
 		{"200 with the structured RateLimit field", rtyA(200, "RateLimit", `"default";r=0;t=5`), nil, probeHold},
 		{"200 with Remaining 0 and a reset sooner than the probe", rtyA(200, "RateLimit", `"default";r=0;t=0.05`), nil, 50 * time.Millisecond},
 		{"Retry-After with Remaining 0: the Retry-After", rtyA(429, "Retry-After", "1", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "3"), nil, time.Second},
@@ -212,15 +161,15 @@ func TestCooldownWhatPausesAKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, rtyScript(tt.answer))
-			rec := &coolRecorder{}
+			srv := newRecServer(t, rtyScript(tt.answer))
+			rec := &obsRecorder{}
 			opts := []Option{WithObserver(rec.observer())}
 			if tt.retry != nil {
 				opts = append(opts, WithRetry(*tt.retry))
 			}
-			tr, err := New(srv.transport(t), opts...)
+			tr, err := New(srv.pooled(t), opts...)
 			require.NoError(t, err)
-			fc := clock.NewFake(coolEpoch)
+			fc := clock.NewFake(limiterEpoch)
 			tr.clock = fc
 
 			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
@@ -229,14 +178,14 @@ func TestCooldownWhatPausesAKey(t *testing.T) {
 			assert.Equal(t, fmt.Sprintf("attempt 1: %d", tt.answer.status), rtyRead(t, resp))
 			assert.Equal(t, 1, srv.count())
 
-			pauses, _, _ := rec.snapshot()
+			pauses, _, _ := rec.coolLog()
 			left, _ := tr.holds.remaining(srv.host())
 			assert.Equal(t, tt.want, left)
 			if tt.want == 0 {
 				assert.Empty(t, pauses)
 				return
 			}
-			assert.Equal(t, []coolCall{{key: srv.host(), until: coolEpoch.Add(tt.want)}}, pauses)
+			assert.Equal(t, []obsCooldown{{key: srv.host(), until: limiterEpoch.Add(tt.want)}}, pauses)
 		})
 	}
 }
@@ -292,13 +241,13 @@ func TestCooldownLearnerDecides(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, rtyScript(tt.answer))
+			srv := newRecServer(t, rtyScript(tt.answer))
 			lim := &coolLearner{err: tt.err}
-			rec := &coolRecorder{}
-			tr, err := New(srv.transport(t), WithLimiter(lim), WithObserver(rec.observer()))
+			rec := &obsRecorder{}
+			tr, err := New(srv.pooled(t), WithLimiter(lim), WithObserver(rec.observer()))
 			require.NoError(t, err)
 			require.Nil(t, tr.holds, "the Learner holds its keys")
-			fc := clock.NewFake(coolEpoch)
+			fc := clock.NewFake(limiterEpoch)
 			tr.clock = fc
 			ctx := context.WithValue(context.Background(), coolCtxKey{}, "the request's")
 
@@ -312,14 +261,14 @@ func TestCooldownLearnerDecides(t *testing.T) {
 			assert.Equal(t, 1, lim.waits)
 			require.Len(t, lim.signals, 1, "every response is heard")
 			assert.Equal(t, tt.answer.status, lim.signals[0].Status)
-			assert.Equal(t, coolEpoch, lim.signals[0].Now)
+			assert.Equal(t, limiterEpoch, lim.signals[0].Now)
 			assert.Equal(t, []bool{true}, lim.ctxOK, "Learn gets the request's context values")
-			pauses, _, _ := rec.snapshot()
+			pauses, _, _ := rec.coolLog()
 			if tt.want == 0 {
 				assert.Empty(t, pauses)
 				return
 			}
-			assert.Equal(t, []coolCall{{key: srv.host(), until: coolEpoch.Add(tt.want), err: tt.err}}, pauses)
+			assert.Equal(t, []obsCooldown{{key: srv.host(), until: limiterEpoch.Add(tt.want), err: tt.err}}, pauses)
 		})
 	}
 }
@@ -336,10 +285,10 @@ func TestCooldownRefusesAWaitThatCannotFit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			paused := newRtyServer(t, rtyScript(rtyA(429, "Retry-After", "1"), rtyA(200)))
-			other := newRtyServer(t, rtyScript(rtyA(200)))
-			base := paused.transport(t)
-			rec := &coolRecorder{}
+			paused := newRecServer(t, rtyScript(rtyA(429, "Retry-After", "1"), rtyA(200)))
+			other := newRecServer(t, rtyScript(rtyA(200)))
+			base := paused.pooled(t)
+			rec := &obsRecorder{}
 			opts := []Option{WithObserver(rec.observer())}
 			if tt.maxWait > 0 {
 				opts = append(opts, WithMaxWait(tt.maxWait))
@@ -362,7 +311,7 @@ func TestCooldownRefusesAWaitThatCannotFit(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, tt.deadline)
 				defer cancel()
 			}
-			body := &coolSpyBody{Reader: strings.NewReader("amount=5")}
+			body := newSpyBody("amount=5")
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, paused.URL+"/v1", body)
 			require.NoError(t, err)
 			start := time.Now()
@@ -376,9 +325,9 @@ func TestCooldownRefusesAWaitThatCannotFit(t *testing.T) {
 			var le *LimitError
 			require.ErrorAs(t, err, &le)
 			assert.Equal(t, LimitError{Key: paused.host(), Cost: 1, Reason: tt.wantReason, Wait: time.Second}, *le)
-			assert.True(t, body.closed.Load(), "the refused request's body is closed")
+			assert.True(t, body.closed(), "the refused request's body is closed")
 			assert.Equal(t, 1, paused.count(), "the refused request is not sent")
-			_, rejects, _ := rec.snapshot()
+			_, rejects, _ := rec.coolLog()
 			require.Len(t, rejects, 1)
 			var rejected *LimitError
 			require.ErrorAs(t, rejects[0], &rejected)
@@ -395,17 +344,9 @@ func TestCooldownRefusesAWaitThatCannotFit(t *testing.T) {
 	}
 }
 
-// coolSpyBody is a request body that records whether it was closed.
-type coolSpyBody struct {
-	*strings.Reader
-	closed atomic.Bool
-}
-
-func (b *coolSpyBody) Close() error { b.closed.Store(true); return nil }
-
 func TestCooldownCancelWhileWaitingOutAPause(t *testing.T) {
-	srv := newRtyServer(t, rtyScript(rtyA(429, "Retry-After", "5"), rtyA(200)))
-	tr, err := New(srv.transport(t))
+	srv := newRecServer(t, rtyScript(rtyA(429, "Retry-After", "5"), rtyA(200)))
+	tr, err := New(srv.pooled(t))
 	require.NoError(t, err)
 	fc := clock.NewFake(time.Now())
 	tr.clock = fc
@@ -426,7 +367,7 @@ func TestCooldownCancelWhileWaitingOutAPause(t *testing.T) {
 		}
 		done <- err
 	}()
-	if !rtyWaitTimers(fc, 1, 10*time.Second) {
+	if !timersPending(fc, 1) {
 		cancel()
 		<-done
 		t.Fatal("the second request did not wait out the pause")
@@ -459,10 +400,10 @@ func TestRealTimeCooldownHoldsTheKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			paused := newRtyServer(t, rtyScript(tt.first, rtyA(200)))
-			other := newRtyServer(t, rtyScript(rtyA(200)))
-			rec := &coolRecorder{}
-			tr, err := New(paused.transport(t), WithObserver(rec.observer())) // no WithRetry
+			paused := newRecServer(t, rtyScript(tt.first, rtyA(200)))
+			other := newRecServer(t, rtyScript(rtyA(200)))
+			rec := &obsRecorder{}
+			tr, err := New(paused.pooled(t), WithObserver(rec.observer())) // no WithRetry
 			require.NoError(t, err)
 
 			before := time.Now()
@@ -473,7 +414,7 @@ func TestRealTimeCooldownHoldsTheKey(t *testing.T) {
 			after := time.Now()
 			require.Equal(t, 1, paused.count(), "without WithRetry nothing is retried")
 
-			pauses, _, _ := rec.snapshot()
+			pauses, _, _ := rec.coolLog()
 			require.Len(t, pauses, 1)
 			assert.Equal(t, paused.host(), pauses[0].key)
 			until := pauses[0].until
@@ -517,7 +458,7 @@ func TestRealTimeCooldownHoldsTheKey(t *testing.T) {
 			require.Len(t, hits, 2)
 			assert.GreaterOrEqual(t, hits[1].at.Sub(hits[0].at), tt.hold-5*time.Millisecond, "measured at the server")
 			assert.False(t, hits[1].at.Before(until.Add(-5*time.Millisecond)), "nothing reaches the server before the pause ends")
-			_, _, waits := rec.snapshot()
+			_, _, waits := rec.coolLog()
 			require.Len(t, waits, 1, "OnWait reports the held request")
 			assert.InDelta(t, float64(until.Sub(rp.start)), float64(waits[0]), float64(50*time.Millisecond))
 		})

@@ -10,21 +10,6 @@ import (
 	"time"
 )
 
-// countingBody is a response body that counts its bytes read and Closes.
-type countingBody struct {
-	r      io.Reader
-	read   int
-	closed int
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	b.read += n
-	return n, err
-}
-
-func (b *countingBody) Close() error { b.closed++; return nil }
-
 func TestDialectBodyPrefix(t *testing.T) {
 	big := `{"error": {"type": "insufficient_quota", "code": "insufficient_quota", "message": "` +
 		strings.Repeat("x", 3*BodyPeekLimit) + `"}}`
@@ -39,11 +24,11 @@ func TestDialectBodyPrefix(t *testing.T) {
 		{"exactly the prefix", small + strings.Repeat(" ", BodyPeekLimit-len(small)), BodyPeekLimit, ScopeBilling},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			orig := &countingBody{r: strings.NewReader(tt.body)}
+			orig := &spyBody{r: strings.NewReader(tt.body)}
 			resp := &http.Response{StatusCode: 429, Header: http.Header{"Content-Type": {"application/json"}}, Body: orig}
 			s := readSignal(resp, raNow(), raNow(), time.Minute)
-			if orig.read != tt.wantRead {
-				t.Fatalf("readSignal read %d bytes of the body; want %d", orig.read, tt.wantRead)
+			if orig.read.Load() != int64(tt.wantRead) {
+				t.Fatalf("readSignal read %d bytes of the body; want %d", orig.read.Load(), tt.wantRead)
 			}
 			if s.Scope != tt.scope {
 				t.Fatalf("Scope = %v; want %v", s.Scope, tt.scope)
@@ -52,8 +37,8 @@ func TestDialectBodyPrefix(t *testing.T) {
 			if err != nil || string(got) != tt.body {
 				t.Fatalf("the caller read %d bytes (err %v); want the %d of the body, intact", len(got), err, len(tt.body))
 			}
-			if err := resp.Body.Close(); err != nil || orig.closed != 1 {
-				t.Fatalf("Close = %v, original closed %d times; want once", err, orig.closed)
+			if err := resp.Body.Close(); err != nil || orig.closes.Load() != 1 {
+				t.Fatalf("Close = %v, original closed %d times; want once", err, orig.closes.Load())
 			}
 		})
 	}
@@ -61,12 +46,12 @@ func TestDialectBodyPrefix(t *testing.T) {
 
 func TestDialectBodyPeek(t *testing.T) {
 	t.Run("twice reads once", func(t *testing.T) {
-		orig := &countingBody{r: strings.NewReader(strings.Repeat("a", 2*BodyPeekLimit))}
+		orig := &spyBody{r: strings.NewReader(strings.Repeat("a", 2*BodyPeekLimit))}
 		resp := &http.Response{Body: orig}
 		a := PeekBody(resp)
 		b := PeekBody(resp)
-		if len(a) != BodyPeekLimit || !bytes.Equal(a, b) || orig.read != BodyPeekLimit {
-			t.Fatalf("peeks of %d and %d bytes, %d read", len(a), len(b), orig.read)
+		if len(a) != BodyPeekLimit || !bytes.Equal(a, b) || orig.read.Load() != BodyPeekLimit {
+			t.Fatalf("peeks of %d and %d bytes, %d read", len(a), len(b), orig.read.Load())
 		}
 	})
 	t.Run("read error comes back in its place", func(t *testing.T) {
@@ -92,14 +77,14 @@ func TestDialectBodyPeek(t *testing.T) {
 			status int
 			ct     string
 		}{{200, ""}, {500, "application/json"}, {429, "text/html"}, {403, ""}} {
-			orig := &countingBody{r: strings.NewReader(`{"error": {"type": "insufficient_quota"}, "retry_after": 1}`)}
+			orig := &spyBody{r: strings.NewReader(`{"error": {"type": "insufficient_quota"}, "retry_after": 1}`)}
 			h := http.Header{}
 			if tt.ct != "" {
 				h.Set("Content-Type", tt.ct)
 			}
 			readSignal(&http.Response{StatusCode: tt.status, Header: h, Body: orig}, raNow(), raNow(), time.Minute)
-			if orig.read != 0 {
-				t.Fatalf("status %d, %q: %d bytes read", tt.status, tt.ct, orig.read)
+			if orig.read.Load() != 0 {
+				t.Fatalf("status %d, %q: %d bytes read", tt.status, tt.ct, orig.read.Load())
 			}
 		}
 	})

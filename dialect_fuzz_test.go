@@ -31,7 +31,7 @@ func FuzzReadSignal(f *testing.F) {
 			}
 		}
 		h.Add(extraName, extraValue)
-		orig := &countingBody{r: bytes.NewReader(body)}
+		orig := &spyBody{r: bytes.NewReader(body)}
 		resp := &http.Response{StatusCode: status, Header: h, Body: orig}
 		cfg := &signalConfig{units: []resetOverride{{host: "fuzz.example", header: hXRateLimitHyphenReset, unit: ResetUnit(unit % 7)}}}
 		now := time.Unix(nowUnix, 0)
@@ -40,15 +40,15 @@ func FuzzReadSignal(f *testing.F) {
 			t.Fatalf("MaxWait %v", s.MaxWait)
 		}
 		checkSignal(t, &s)
-		if orig.read > BodyPeekLimit {
-			t.Fatalf("read %d bytes of the body", orig.read)
+		if orig.read.Load() > BodyPeekLimit {
+			t.Fatalf("read %d bytes of the body", orig.read.Load())
 		}
 		got, err := io.ReadAll(resp.Body)
 		if err != nil || !bytes.Equal(got, body) {
 			t.Fatalf("the body came back as %d bytes (%v); want %d", len(got), err, len(body))
 		}
-		if resp.Body.Close(); orig.closed != 1 {
-			t.Fatalf("the original body was closed %d times", orig.closed)
+		if resp.Body.Close(); orig.closes.Load() != 1 {
+			t.Fatalf("the original body was closed %d times", orig.closes.Load())
 		}
 	})
 }

@@ -13,17 +13,6 @@ import (
 	"github.com/egress-go/egress/internal/clock"
 )
 
-// newLeakyBucketOnFake returns a leaky bucket that reads a fake clock
-// started at limiterEpoch.
-func newLeakyBucketOnFake(t testing.TB, r Rate, depth int) (*LeakyBucket, *clock.Fake) {
-	t.Helper()
-	lb, err := NewLeakyBucket(r, depth)
-	require.NoError(t, err)
-	fc := clock.NewFake(limiterEpoch)
-	lb.clock = fc
-	return lb, fc
-}
-
 // leakyQueueLen returns how many waiters key's queue holds.
 func leakyQueueLen(lb *LeakyBucket, key string) int {
 	lb.mu.Lock()
@@ -390,7 +379,7 @@ func startLeakyWaiters(t *testing.T, lb *LeakyBucket, key string, ctxs []context
 			d, err := lb.Wait(ctx, key, 1, 0)
 			done <- limWaitResult{i: i, waited: d, err: err}
 		}()
-		limSpinUntil(t, "waiter queued", func() bool { return leakyQueueLen(lb, key) == before+i+1 })
+		spinUntil(t, "waiter queued", func() bool { return leakyQueueLen(lb, key) == before+i+1 })
 	}
 	return done
 }
@@ -414,7 +403,7 @@ func TestLeakyBucketWaitFIFO(t *testing.T) {
 	const n = 6
 	done := startLeakyWaiters(t, lb, "k", leakyBackgrounds(n))
 	for i := range n {
-		limWaitTimers(t, fc, 1) // the head is parked on its timer; the rest on the head
+		waitTimers(t, fc, 1) // the head is parked on its timer; the rest on the head
 		require.Equal(t, 1, fc.Timers(), "only the head has a timer")
 		fc.Advance(interval - 1)
 		select {
@@ -423,7 +412,7 @@ func TestLeakyBucketWaitFIFO(t *testing.T) {
 		default:
 		}
 		fc.Advance(1)
-		r := limRecv(t, done)
+		r := recvWithin(t, done)
 		require.NoError(t, r.err)
 		assert.Equal(t, i, r.i, "released in order of arrival")
 		assert.Equal(t, time.Duration(i+1)*interval, r.waited, "spaced exactly 1/R")
@@ -454,7 +443,7 @@ func TestLeakyBucketWaitCancel(t *testing.T) {
 			defer cancel()
 			ctxs[tc.cancel] = ctx
 			done := startLeakyWaiters(t, lb, "k", ctxs)
-			limWaitTimers(t, fc, 1)
+			waitTimers(t, fc, 1)
 
 			// The queue is full.
 			_, _, err = lb.arrive("k", 1, budget{})
@@ -462,7 +451,7 @@ func TestLeakyBucketWaitCancel(t *testing.T) {
 
 			fc.Advance(interval / 2)
 			cancel()
-			r := limRecv(t, done)
+			r := recvWithin(t, done)
 			require.Equal(t, tc.cancel, r.i)
 			assert.Same(t, context.Canceled, r.err)
 			assert.Zero(t, r.waited)
@@ -475,7 +464,7 @@ func TestLeakyBucketWaitCancel(t *testing.T) {
 
 			var order []int
 			for _, want := range tc.wantWaited {
-				limWaitTimers(t, fc, 1)
+				waitTimers(t, fc, 1)
 				require.Equal(t, 1, fc.Timers(), "only the head has a timer")
 				release := limiterEpoch.Add(want * time.Millisecond)
 				limAdvanceTo(fc, release.Add(-1))
@@ -485,16 +474,16 @@ func TestLeakyBucketWaitCancel(t *testing.T) {
 				default:
 				}
 				fc.Advance(1)
-				r := limRecv(t, done)
+				r := recvWithin(t, done)
 				require.NoError(t, r.err)
 				assert.Equal(t, want*time.Millisecond, r.waited, "waiter %d moved up", r.i)
 				order = append(order, r.i)
 			}
 			assert.IsIncreasing(t, order, "FIFO")
 
-			limWaitTimers(t, fc, 1)
+			waitTimers(t, fc, 1)
 			limAdvanceTo(fc, limiterEpoch.Add(400*time.Millisecond))
-			r = limRecv(t, late)
+			r = recvWithin(t, late)
 			require.NoError(t, r.err)
 			// It arrived at 50ms and leaves at 400ms.
 			assert.Equal(t, 350*time.Millisecond, r.waited)

@@ -44,104 +44,6 @@ const (
 	arrivalStall = 100 * time.Millisecond
 )
 
-// pooled returns a transport to s that keeps enough idle connections for
-// concurrent senders not to dial for each request; it is closed with the test.
-func (s *arrivalServer) pooled(t *testing.T) *http.Transport {
-	t.Helper()
-	base := s.Client().Transport.(*http.Transport).Clone()
-	base.MaxIdleConnsPerHost = 64
-	t.Cleanup(base.CloseIdleConnections)
-	return base
-}
-
-// released returns a releaseLog that sends to s through a pooled transport.
-func (s *arrivalServer) released(t *testing.T) *releaseLog {
-	return &releaseLog{next: s.pooled(t)}
-}
-
-// times returns the arrival times at the server, in order.
-func (s *arrivalServer) times() []time.Time {
-	var at []time.Time
-	for _, a := range s.arrivals() {
-		at = append(at, a.at)
-	}
-	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
-	return at
-}
-
-// seqOrder returns the X-Seq headers in the order the server received them.
-func (s *arrivalServer) seqOrder() []int {
-	all := s.arrivals()
-	slices.SortStableFunc(all, func(a, b srvHit) int { return a.at.Compare(b.at) })
-	var order []int
-	for _, a := range all {
-		if seq, err := strconv.Atoi(a.header.Get("X-Seq")); err == nil {
-			order = append(order, seq)
-		}
-	}
-	return order
-}
-
-// releaseLog is a base RoundTripper that records when each request left the
-// Transport, and its X-Seq header, then hands it to next.
-type releaseLog struct {
-	next http.RoundTripper
-
-	mu   sync.Mutex
-	at   []time.Time // guarded by mu
-	seqs []int       // guarded by mu; -1 when the request had no X-Seq
-}
-
-func (l *releaseLog) RoundTrip(req *http.Request) (*http.Response, error) {
-	now := time.Now()
-	seq, err := strconv.Atoi(req.Header.Get("X-Seq"))
-	if err != nil {
-		seq = -1
-	}
-	l.mu.Lock()
-	l.at = append(l.at, now)
-	l.seqs = append(l.seqs, seq)
-	l.mu.Unlock()
-	return l.next.RoundTrip(req)
-}
-
-// times returns the release times, in order.
-func (l *releaseLog) times() []time.Time {
-	l.mu.Lock()
-	at := slices.Clone(l.at)
-	l.mu.Unlock()
-	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
-	return at
-}
-
-// release returns the time seq was released, and whether it was.
-func (l *releaseLog) release(seq int) (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if i := slices.Index(l.seqs, seq); i >= 0 {
-		return l.at[i], true
-	}
-	return time.Time{}, false
-}
-
-// seqOrder returns the X-Seq of the released requests, in release order.
-func (l *releaseLog) seqOrder() []int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	idx := make([]int, len(l.at))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortStableFunc(idx, func(a, b int) int { return l.at[a].Compare(l.at[b]) })
-	var order []int
-	for _, i := range idx {
-		if l.seqs[i] >= 0 {
-			order = append(order, l.seqs[i])
-		}
-	}
-	return order
-}
-
 // getDrained sends a GET to target through c and drains the response.
 func getDrained(ctx context.Context, c *http.Client, target string, header http.Header) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
@@ -266,7 +168,7 @@ func TestRealTimeTokenBucketAchievedRate(t *testing.T) {
 		total   = 101 // 100 intervals: 2 s at 50/s
 		workers = 8
 	)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	tb, err := NewTokenBucket(PerSecond(r), 1)
 	require.NoError(t, err)
@@ -304,7 +206,7 @@ func TestRealTimeTokenBucketBurstThenSpaced(t *testing.T) {
 		total = 20 // the burst, then 10 more over 2 s
 	)
 	interval := time.Duration(float64(time.Second) / r)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	tb, err := NewTokenBucket(PerSecond(r), burst)
 	require.NoError(t, err)
@@ -356,7 +258,7 @@ func TestRealTimeTokenBucketBurstThenSpaced(t *testing.T) {
 }
 
 func TestRealTimeTokenBucketWaitThatFitsTheDeadline(t *testing.T) {
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	tb, err := NewTokenBucket(PerSecond(10), 1)
 	require.NoError(t, err)
@@ -382,7 +284,7 @@ func TestRealTimeLeakyBucketSpacing(t *testing.T) {
 		total   = workers * each
 	)
 	interval := time.Duration(float64(time.Second) / r)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	lb, err := NewLeakyBucket(PerSecond(r), 100)
 	require.NoError(t, err)
@@ -583,7 +485,7 @@ func TestRealTimeLeakyBucketFIFO(t *testing.T) {
 		n = 8
 	)
 	interval := time.Duration(float64(time.Second) / r)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	lb, err := NewLeakyBucket(PerSecond(r), 100)
 	require.NoError(t, err)
@@ -617,7 +519,7 @@ func TestRealTimeLeakyBucketQueueFull(t *testing.T) {
 		depth   = 2
 		senders = 8
 	)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	lb, err := NewLeakyBucket(PerSecond(2), depth) // 500 ms apart: the test is over in 1 s
 	require.NoError(t, err)
 	client := &http.Client{Transport: mustNewTransport(t, srv.pooled(t), WithLimiter(lb))}
@@ -671,7 +573,7 @@ func TestRealTimeLeakyBucketQueueFull(t *testing.T) {
 func TestRealTimeLeakyBucketCancelMidQueue(t *testing.T) {
 	const r = 5.0
 	interval := time.Duration(float64(time.Second) / r)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	lb, err := NewLeakyBucket(PerSecond(r), 10)
 	require.NoError(t, err)
@@ -709,7 +611,7 @@ func TestRealTimeLeakyBucketCancelMidQueue(t *testing.T) {
 func TestRealTimeLeakyBucketDeadlineBehindQueue(t *testing.T) {
 	const r = 5.0
 	interval := time.Duration(float64(time.Second) / r)
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	log := srv.released(t)
 	lb, err := NewLeakyBucket(PerSecond(r), 10)
 	require.NoError(t, err)
@@ -735,7 +637,7 @@ func TestRealTimeLeakyBucketDeadlineBehindQueue(t *testing.T) {
 	assert.Less(t, elapsed, promptBound, "refused at once, not at the deadline")
 	assert.Greater(t, le.Wait, 300*time.Millisecond)
 	assert.LessOrEqual(t, le.Wait, 3*interval+gapSlack)
-	assert.True(t, body.closed.Load())
+	assert.True(t, body.closed())
 
 	// The refused request took no place: A and B leave on time.
 	a.wait(t)

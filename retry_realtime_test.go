@@ -48,7 +48,7 @@ func TestRealTimeRetryAfterIsHonoured(t *testing.T) {
 				mu   sync.Mutex
 				sent []string // the Retry-After of each 429, as sent
 			)
-			srv := newRtyServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			srv := newRecServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
 				if n <= 2 {
 					ra := tt.retryAfter(time.Now())
 					mu.Lock()
@@ -62,8 +62,8 @@ func TestRealTimeRetryAfterIsHonoured(t *testing.T) {
 				w.WriteHeader(http.StatusOK)
 				io.WriteString(w, `{"id":"ch_1"}`)
 			})
-			rec := &rtyRecorder{}
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 3}, WithObserver(rec.observer()))
+			rec := &obsRecorder{}
+			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 3}, WithObserver(rec.observer()))
 			req := rtyRequest(t, context.Background(), http.MethodPost, srv.URL+"/v1/charges", payload)
 
 			resp, err := tr.RoundTrip(req)
@@ -89,7 +89,7 @@ func TestRealTimeRetryAfterIsHonoured(t *testing.T) {
 					assert.Less(t, gap, 2*time.Second, "gap %d: Retry-After 1 does not wait twice", i+1)
 				}
 			}
-			retries, _, _ := rec.snapshot()
+			retries, _, _ := rec.retryLog()
 			require.Len(t, retries, 2)
 			for i, r := range retries {
 				assert.Equal(t, i+2, r.attempt)
@@ -106,11 +106,11 @@ func TestRealTimeRetryConcurrent429PausesTheKey(t *testing.T) {
 		callers = 50
 		pause   = 2 * time.Second
 	)
-	srv := newRtyServer(t, rtyScript(rtyA(http.StatusTooManyRequests, "Retry-After", "2"), rtyA(http.StatusOK)))
+	srv := newRecServer(t, rtyScript(rtyA(http.StatusTooManyRequests, "Retry-After", "2"), rtyA(http.StatusOK)))
 	paused := make(chan struct{})
 	var once sync.Once
 	var cooldowns atomic.Int32
-	tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5}, WithObserver(Observer{
+	tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 5}, WithObserver(Observer{
 		OnCooldown: func(string, time.Time, error) {
 			cooldowns.Add(1)
 			once.Do(func() { close(paused) })
@@ -183,10 +183,10 @@ func TestRealTimeRetryBug_RequestsQueuedInTheLimiterIgnoreAPause(t *testing.T) {
 		callers = 50
 		pause   = 2 * time.Second
 	)
-	srv := newRtyServer(t, rtyScript(rtyA(http.StatusTooManyRequests, "Retry-After", "2"), rtyA(http.StatusOK)))
+	srv := newRecServer(t, rtyScript(rtyA(http.StatusTooManyRequests, "Retry-After", "2"), rtyA(http.StatusOK)))
 	tb, err := NewTokenBucket(PerSecond(25), 1)
 	require.NoError(t, err)
-	tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5}, WithLimiter(tb))
+	tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 5}, WithLimiter(tb))
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 
@@ -267,11 +267,11 @@ func TestRealTimeRetryDeadlineShorterThanTheWait(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			srv := newRecServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
 				rtyScript(tt.answer(), rtyA(200))(n, w, r)
 			})
-			rec := &rtyRecorder{}
-			tr := newRtyTransport(t, srv.transport(t), tt.policy, WithObserver(rec.observer()))
+			rec := &obsRecorder{}
+			tr := newRtyTransport(t, srv.pooled(t), tt.policy, WithObserver(rec.observer()))
 			ctx, cancel := context.WithTimeout(context.Background(), tt.deadline)
 			defer cancel()
 			body := ""
@@ -290,7 +290,7 @@ func TestRealTimeRetryDeadlineShorterThanTheWait(t *testing.T) {
 			assert.Equal(t, status, resp.StatusCode)
 			assert.Equal(t, fmt.Sprintf("attempt 1: %d", status), rtyRead(t, resp), "its body is readable")
 			assert.Equal(t, 1, srv.count())
-			retries, _, _ := rec.snapshot()
+			retries, _, _ := rec.retryLog()
 			assert.Empty(t, retries)
 
 			// The key learnt the pause all the same: the next request with
@@ -324,7 +324,7 @@ func TestRealTimeRetryAfterAboveTheCap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			srv := newRecServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
 				rtyScript(tt.answer(), rtyA(200))(n, w, r)
 			})
 			type pauseSeen struct {
@@ -335,14 +335,14 @@ func TestRealTimeRetryAfterAboveTheCap(t *testing.T) {
 				mu     sync.Mutex
 				pauses []pauseSeen
 			)
-			rec := &rtyRecorder{}
+			rec := &obsRecorder{}
 			obs := rec.observer()
 			obs.OnCooldown = func(key string, until time.Time, _ error) {
 				mu.Lock()
 				defer mu.Unlock()
 				pauses = append(pauses, pauseSeen{key, until, time.Now()})
 			}
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5, MaxRetryAfter: capWait}, WithObserver(obs), WithMaxPause(capWait))
+			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 5, MaxRetryAfter: capWait}, WithObserver(obs), WithMaxPause(capWait))
 
 			start := time.Now()
 			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
@@ -354,7 +354,7 @@ func TestRealTimeRetryAfterAboveTheCap(t *testing.T) {
 			assert.Equal(t, status, resp.StatusCode)
 			assert.Equal(t, fmt.Sprintf("attempt 1: %d", status), rtyRead(t, resp))
 			assert.Equal(t, 1, srv.count())
-			retries, _, _ := rec.snapshot()
+			retries, _, _ := rec.retryLog()
 			assert.Empty(t, retries)
 
 			mu.Lock()
@@ -379,9 +379,9 @@ func TestRealTimeRetryAfterAboveTheCap(t *testing.T) {
 }
 
 func TestRealTimeRetryCancelDuringTheBackoff(t *testing.T) {
-	srv := newRtyServer(t, rtyScript(rtyA(503), rtyA(200)))
+	srv := newRecServer(t, rtyScript(rtyA(503), rtyA(200)))
 	retrying := make(chan time.Duration, 1)
-	tr := newRtyTransport(t, srv.transport(t), RetryPolicy{BaseDelay: 10 * time.Second}, WithObserver(Observer{
+	tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{BaseDelay: 10 * time.Second}, WithObserver(Observer{
 		OnRetry: func(_ string, _ int, delay time.Duration, _ int, _ error) { retrying <- delay },
 	}))
 	tr.rand = func() float64 { return 0.9 } // a 9 s backoff
@@ -426,10 +426,10 @@ func TestRealTimeRetryCancelDuringTheBackoff(t *testing.T) {
 
 func TestRealTimeRetriesPassTheLimiter(t *testing.T) {
 	const interval = 200 * time.Millisecond // 5/s
-	srv := newRtyServer(t, rtyScript(rtyA(503), rtyA(200)))
+	srv := newRecServer(t, rtyScript(rtyA(503), rtyA(200)))
 	tb, err := NewTokenBucket(PerSecond(5), 1)
 	require.NoError(t, err)
-	rec := &rtyRecorder{}
+	rec := &obsRecorder{}
 	var (
 		mu    sync.Mutex
 		waits []time.Duration
@@ -440,7 +440,7 @@ func TestRealTimeRetriesPassTheLimiter(t *testing.T) {
 		defer mu.Unlock()
 		waits = append(waits, d)
 	}
-	tr := newRtyTransport(t, srv.transport(t), RetryPolicy{}, WithLimiter(tb), WithObserver(obs))
+	tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{}, WithLimiter(tb), WithObserver(obs))
 
 	resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
 	require.NoError(t, err)
@@ -453,7 +453,7 @@ func TestRealTimeRetriesPassTheLimiter(t *testing.T) {
 	gap := hits[1].at.Sub(hits[0].at)
 	assert.GreaterOrEqual(t, gap, interval-20*time.Millisecond, "the retry waited for the limiter")
 	assert.Less(t, gap, interval+300*time.Millisecond)
-	retries, _, _ := rec.snapshot()
+	retries, _, _ := rec.retryLog()
 	require.Len(t, retries, 1)
 	assert.Zero(t, retries[0].delay, "the backoff itself was 0")
 	mu.Lock()

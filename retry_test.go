@@ -1,8 +1,9 @@
 package egress
 
 // Tests of the retry policy (retry.go) and of the retry loop in RoundTrip.
-// The helpers here carry an rty prefix so that they do not clash with the
-// other test files of the package. The tests in this file barely wait on
+// The helpers of this file carry an rty prefix; the recording server, the
+// observer recorder and the body spy are in helpers_test.go. The tests in
+// this file barely wait on
 // the wall clock: backoffs are 0 or a few milliseconds, and Retry-After
 // waits run on a fake clock. Real-time retries, measured at the server, are
 // in retry_realtime_test.go.
@@ -19,7 +20,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,102 +32,6 @@ import (
 
 	"github.com/egress-go/egress/internal/clock"
 )
-
-// rtyServer is an httptest server on 127.0.0.1 that answers the n-th request
-// it receives (n from 1, in order of arrival) as its script says, and
-// records every request as the server saw it: when it arrived and what it
-// carried.
-type rtyServer struct {
-	*httptest.Server
-	script func(n int, w http.ResponseWriter, r *http.Request)
-
-	mu   sync.Mutex
-	hits []rtyHit // guarded by mu
-}
-
-// rtyHit is one request as it arrived at an rtyServer.
-type rtyHit struct {
-	at     time.Time
-	method string
-	uri    string // path and query, as on the wire
-	header http.Header
-	body   string
-}
-
-func newRtyServer(t *testing.T, script func(n int, w http.ResponseWriter, r *http.Request)) *rtyServer {
-	t.Helper()
-	s := &rtyServer{script: script}
-	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.Close)
-	return s
-}
-
-func (s *rtyServer) serve(w http.ResponseWriter, r *http.Request) {
-	at := time.Now()
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		body = append(body, "<read error: "+err.Error()+">"...)
-	}
-	s.mu.Lock()
-	s.hits = append(s.hits, rtyHit{at: at, method: r.Method, uri: r.RequestURI, header: r.Header.Clone(), body: string(body)})
-	n := len(s.hits)
-	s.mu.Unlock()
-	s.script(n, w, r)
-}
-
-func (s *rtyServer) arrivals() []rtyHit {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]rtyHit(nil), s.hits...)
-}
-
-func (s *rtyServer) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.hits)
-}
-
-// host is the server's host:port, the default key of its requests.
-func (s *rtyServer) host() string {
-	u, err := url.Parse(s.URL)
-	if err != nil {
-		panic(err)
-	}
-	return u.Host
-}
-
-// transport returns a fresh client transport to the server whose idle
-// connections are closed with the test (before the server closes).
-func (s *rtyServer) transport(t *testing.T) *http.Transport {
-	t.Helper()
-	b := s.Client().Transport.(*http.Transport).Clone()
-	b.MaxIdleConnsPerHost = 64
-	t.Cleanup(b.CloseIdleConnections)
-	return b
-}
-
-// rtyAnswer is one scripted reply: a status and headers, as key, value
-// pairs.
-type rtyAnswer struct {
-	status int
-	header []string
-}
-
-func rtyA(status int, header ...string) rtyAnswer { return rtyAnswer{status: status, header: header} }
-
-// rtyScript answers the n-th request with answers[n-1], and every request
-// after the last answer with the last one. The body names the attempt and
-// the status, so that a caller can tell which response it got.
-func rtyScript(answers ...rtyAnswer) func(int, http.ResponseWriter, *http.Request) {
-	return func(n int, w http.ResponseWriter, _ *http.Request) {
-		a := answers[min(n, len(answers))-1]
-		for i := 0; i+1 < len(a.header); i += 2 {
-			w.Header().Add(a.header[i], a.header[i+1])
-		}
-		w.WriteHeader(a.status)
-		fmt.Fprintf(w, "attempt %d: %d", n, a.status)
-	}
-}
 
 // rtyHangUp is a script step that reads the request and closes the
 // connection without answering: the client sees a network error.
@@ -177,7 +81,7 @@ func rtyRead(t *testing.T, resp *http.Response) string {
 
 // rtyAssertUnchanged checks that every attempt arrived at the server as the
 // caller wrote req, with body.
-func rtyAssertUnchanged(t *testing.T, s *rtyServer, req *http.Request, body string) {
+func rtyAssertUnchanged(t *testing.T, s *recServer, req *http.Request, body string) {
 	t.Helper()
 	for i, h := range s.arrivals() {
 		assert.Equal(t, req.Method, h.method, "attempt %d: method", i+1)
@@ -198,60 +102,6 @@ func rtyClosedAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 	return addr
-}
-
-// rtyWaitTimers waits, up to limit, until fc has at least n pending timers,
-// and reports whether it has.
-func rtyWaitTimers(fc *clock.Fake, n int, limit time.Duration) bool {
-	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		if fc.Timers() >= n {
-			return true
-		}
-	}
-	return fc.Timers() >= n
-}
-
-// rtyRetryCall is one call of Observer.OnRetry.
-type rtyRetryCall struct {
-	key     string
-	attempt int
-	delay   time.Duration
-	status  int
-	err     bool
-}
-
-// rtyRecorder records the Observer hooks that the retry tests look at.
-type rtyRecorder struct {
-	mu        sync.Mutex
-	retries   []rtyRetryCall
-	sent      [][2]int // attempt, status
-	exhausted []string
-}
-
-func (r *rtyRecorder) observer() Observer {
-	return Observer{
-		OnRetry: func(key string, attempt int, delay time.Duration, status int, err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.retries = append(r.retries, rtyRetryCall{key, attempt, delay, status, err != nil})
-		},
-		OnSent: func(_ string, attempt, status int, _ error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.sent = append(r.sent, [2]int{attempt, status})
-		},
-		OnBudgetExhausted: func(key string) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.exhausted = append(r.exhausted, key)
-		},
-	}
-}
-
-func (r *rtyRecorder) snapshot() (retries []rtyRetryCall, sent [][2]int, exhausted []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append(retries, r.retries...), append(sent, r.sent...), append(exhausted, r.exhausted...)
 }
 
 func TestRetryPolicyValidation(t *testing.T) {
@@ -462,8 +312,8 @@ func TestRetryWhatIsRetried(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, rtyScript(tt.first, ok))
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{})
+			srv := newRecServer(t, rtyScript(tt.first, ok))
+			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{})
 			body := ""
 			if tt.method != http.MethodHead && tt.method != http.MethodOptions && tt.method != http.MethodDelete {
 				body = "amount=100&currency=eur"
@@ -498,8 +348,8 @@ func TestRetryResendsTheSameBody(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, rtyScript(rtyA(429), rtyA(429, "Retry-After", "0"), rtyA(201)))
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5})
+			srv := newRecServer(t, rtyScript(rtyA(429), rtyA(429, "Retry-After", "0"), rtyA(201)))
+			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 5})
 			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", tt.body())
 			require.NoError(t, err)
 			require.NotNil(t, req.GetBody, "http.NewRequest sets GetBody for in-memory bodies")
@@ -623,9 +473,9 @@ func TestRetryBodyWithoutGetBodyIsNotRetried(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, rtyScript(rtyA(429, "Retry-After", "0", "X-Reason", "slow down"), rtyA(200)))
-			rec := &rtyRecorder{}
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 5, Classify: tt.classify}, WithObserver(rec.observer()))
+			srv := newRecServer(t, rtyScript(rtyA(429, "Retry-After", "0", "X-Reason", "slow down"), rtyA(200)))
+			rec := &obsRecorder{}
+			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 5, Classify: tt.classify}, WithObserver(rec.observer()))
 			req := tt.request(t, srv.URL+"/v1/charges")
 			require.Nil(t, req.GetBody)
 
@@ -636,7 +486,7 @@ func TestRetryBodyWithoutGetBodyIsNotRetried(t *testing.T) {
 			assert.Equal(t, "attempt 1: 429", rtyRead(t, resp))
 			assert.Equal(t, 1, srv.count())
 			assert.Equal(t, payload, srv.arrivals()[0].body)
-			retries, _, _ := rec.snapshot()
+			retries, _, _ := rec.retryLog()
 			assert.Empty(t, retries)
 		})
 	}
@@ -694,7 +544,7 @@ func TestRetryClassify(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, rtyScript(tt.answers...))
+			srv := newRecServer(t, rtyScript(tt.answers...))
 			var (
 				mu    sync.Mutex
 				calls []call
@@ -706,7 +556,7 @@ func TestRetryClassify(t *testing.T) {
 				assert.Equal(t, "retry-marker", req.Header.Get("X-Test"), "Classify sees the caller's request")
 				return tt.decide(resp, err)
 			}
-			tr := newRtyTransport(t, srv.transport(t), RetryPolicy{Classify: classify})
+			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{Classify: classify})
 			req := rtyRequest(t, context.Background(), tt.method, srv.URL+"/v1/x", "")
 
 			resp, err := tr.RoundTrip(req)
@@ -744,20 +594,20 @@ func TestRetryNetworkErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newRtyServer(t, hangUpFirst)
-			base := srv.transport(t)
+			srv := newRecServer(t, hangUpFirst)
+			base := srv.pooled(t)
 			// A new connection per attempt: net/http itself retries some
 			// requests on a reused connection that the server closed, and
 			// those retries must not be counted as the Transport's.
 			base.DisableKeepAlives = true
-			rec := &rtyRecorder{}
+			rec := &obsRecorder{}
 			tr := newRtyTransport(t, base, RetryPolicy{}, WithObserver(rec.observer()))
 			req := rtyRequest(t, context.Background(), tt.method, srv.URL+"/v1/orders/7", "qty=1", tt.header...)
 
 			resp, err := tr.RoundTrip(req)
 			assert.Equal(t, tt.wantSent, srv.count(), "attempts seen by the server")
 			rtyAssertUnchanged(t, srv, req, "qty=1")
-			retries, _, _ := rec.snapshot()
+			retries, _, _ := rec.retryLog()
 			if !tt.wantOK {
 				require.Error(t, err)
 				assert.Nil(t, resp, "a response or an error, never both")
@@ -768,7 +618,7 @@ func TestRetryNetworkErrors(t *testing.T) {
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.Equal(t, "attempt 2: 200", rtyRead(t, resp))
 			require.Len(t, retries, 1)
-			assert.Equal(t, rtyRetryCall{key: srv.host(), attempt: 2, delay: 0, status: 0, err: true}, retries[0])
+			assert.Equal(t, obsRetry{key: srv.host(), attempt: 2, delay: 0, status: 0, err: true}, retries[0])
 		})
 	}
 }
@@ -784,7 +634,7 @@ func TestRetryCertificateErrorIsNotRetried(t *testing.T) {
 	// A transport that does not trust the test server's certificate.
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
-	rec := &rtyRecorder{}
+	rec := &obsRecorder{}
 	tr := newRtyTransport(t, base, RetryPolicy{MaxAttempts: 5}, WithObserver(rec.observer()))
 
 	resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL, ""))
@@ -792,30 +642,11 @@ func TestRetryCertificateErrorIsNotRetried(t *testing.T) {
 	assert.Nil(t, resp)
 	var verr *tls.CertificateVerificationError
 	assert.ErrorAs(t, err, &verr)
-	retries, sent, _ := rec.snapshot()
+	retries, sent, _ := rec.retryLog()
 	assert.Len(t, sent, 1, "a certificate error is sent once")
 	assert.Empty(t, retries)
 	assert.Zero(t, hits.Load())
 }
-
-// rtyRecBody is a response body that records what was done to it.
-type rtyRecBody struct {
-	r      io.Reader
-	read   atomic.Int64
-	eof    atomic.Bool
-	closed atomic.Bool
-}
-
-func (b *rtyRecBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	b.read.Add(int64(n))
-	if err == io.EOF {
-		b.eof.Store(true)
-	}
-	return n, err
-}
-
-func (b *rtyRecBody) Close() error { b.closed.Store(true); return nil }
 
 // rtyFakeBase is a base RoundTripper that answers with statuses in turn
 // (the last one from then on), each with a body of size bytes, and records,
@@ -825,7 +656,7 @@ type rtyFakeBase struct {
 	size     int
 
 	mu     sync.Mutex
-	bodies []*rtyRecBody // guarded by mu
+	bodies []*spyBody // guarded by mu
 	atSend []rtyBodyState
 }
 
@@ -842,9 +673,9 @@ func (f *rtyFakeBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	defer f.mu.Unlock()
 	if n := len(f.bodies); n > 0 {
 		prev := f.bodies[n-1]
-		f.atSend = append(f.atSend, rtyBodyState{prev.read.Load(), prev.eof.Load(), prev.closed.Load()})
+		f.atSend = append(f.atSend, rtyBodyState{prev.read.Load(), prev.eof.Load(), prev.closed()})
 	}
-	b := &rtyRecBody{r: strings.NewReader(strings.Repeat("x", f.size))}
+	b := &spyBody{r: strings.NewReader(strings.Repeat("x", f.size))}
 	f.bodies = append(f.bodies, b)
 	status := f.statuses[min(len(f.bodies), len(f.statuses))-1]
 	return &http.Response{
@@ -870,7 +701,7 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 			assert.Equal(t, rtyBodyState{read: size, eof: true, closed: true}, s, "body of attempt %d when attempt %d was sent", i+1, i+2)
 		}
 		last := base.bodies[2]
-		assert.False(t, last.closed.Load(), "the caller's body is left to the caller")
+		assert.False(t, last.closed(), "the caller's body is left to the caller")
 		assert.Zero(t, last.read.Load())
 	})
 
@@ -891,7 +722,7 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 	})
 
 	t.Run("the retry reuses the connection", func(t *testing.T) {
-		srv := newRtyServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		srv := newRecServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
 			if n == 1 {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				io.WriteString(w, strings.Repeat("busy ", 2000))
@@ -899,7 +730,7 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 			}
 			rtyScript(rtyA(200))(n, w, r)
 		})
-		tr := newRtyTransport(t, srv.transport(t), RetryPolicy{BaseDelay: 50 * time.Millisecond})
+		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{BaseDelay: 50 * time.Millisecond})
 		// A short pause before the retry, so that the drained connection is
 		// surely back in the idle pool when the retry asks for one.
 		tr.rand = func() float64 { return 0.999 }
@@ -926,8 +757,8 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 
 func TestRetryAttemptsRunOut(t *testing.T) {
 	t.Run("the caller gets the last response", func(t *testing.T) {
-		srv := newRtyServer(t, rtyScript(rtyA(503, "X-Attempt", "first"), rtyA(502), rtyA(503, "X-Attempt", "last")))
-		tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 3})
+		srv := newRecServer(t, rtyScript(rtyA(503, "X-Attempt", "first"), rtyA(502), rtyA(503, "X-Attempt", "last")))
+		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 3})
 
 		resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
 		require.NoError(t, err)
@@ -938,8 +769,8 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 	})
 
 	t.Run("ErrorOnExhausted: a RetryError with the facts", func(t *testing.T) {
-		srv := newRtyServer(t, rtyScript(rtyA(503)))
-		tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 4, ErrorOnExhausted: true})
+		srv := newRecServer(t, rtyScript(rtyA(503)))
+		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 4, ErrorOnExhausted: true})
 
 		resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
 		require.Error(t, err)
@@ -953,8 +784,8 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 	})
 
 	t.Run("ErrorOnExhausted through http.Client", func(t *testing.T) {
-		srv := newRtyServer(t, rtyScript(rtyA(429)))
-		tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 2, ErrorOnExhausted: true})
+		srv := newRecServer(t, rtyScript(rtyA(429)))
+		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 2, ErrorOnExhausted: true})
 
 		resp, err := (&http.Client{Transport: tr}).Get(srv.URL + "/v1")
 		require.Error(t, err)
@@ -970,7 +801,7 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 		target := "http://" + rtyClosedAddr(t) + "/v1"
 		base := &http.Transport{}
 		defer base.CloseIdleConnections()
-		rec := &rtyRecorder{}
+		rec := &obsRecorder{}
 		tr := newRtyTransport(t, base, RetryPolicy{MaxAttempts: 3}, WithObserver(rec.observer()))
 
 		resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, target, ""))
@@ -980,7 +811,7 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 		assert.ErrorAs(t, err, &oe)
 		assert.ErrorIs(t, err, syscall.ECONNREFUSED)
 		assert.NotErrorIs(t, err, ErrRetriesExhausted)
-		_, sent, _ := rec.snapshot()
+		_, sent, _ := rec.retryLog()
 		assert.Equal(t, [][2]int{{1, 0}, {2, 0}, {3, 0}}, sent)
 	})
 
@@ -1009,18 +840,18 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 
 func TestRetryObserverOnRetry(t *testing.T) {
 	t.Run("attempt number, backoff delay and the status that caused it", func(t *testing.T) {
-		srv := newRtyServer(t, rtyScript(rtyA(503), rtyA(429), rtyA(200)))
-		rec := &rtyRecorder{}
-		tr := newRtyTransport(t, srv.transport(t), RetryPolicy{BaseDelay: 4 * time.Millisecond, MaxDelay: time.Second}, WithObserver(rec.observer()))
+		srv := newRecServer(t, rtyScript(rtyA(503), rtyA(429), rtyA(200)))
+		rec := &obsRecorder{}
+		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{BaseDelay: 4 * time.Millisecond, MaxDelay: time.Second}, WithObserver(rec.observer()))
 		tr.rand = func() float64 { return 0.5 } // half of each ceiling: 2ms, then 4ms
 
 		resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
 		require.NoError(t, err)
 		assert.Equal(t, "attempt 3: 200", rtyRead(t, resp))
 
-		retries, sent, exhausted := rec.snapshot()
+		retries, sent, exhausted := rec.retryLog()
 		key := srv.host()
-		assert.Equal(t, []rtyRetryCall{
+		assert.Equal(t, []obsRetry{
 			{key: key, attempt: 2, delay: 2 * time.Millisecond, status: 503},
 			{key: key, attempt: 3, delay: 4 * time.Millisecond, status: 429},
 		}, retries)
@@ -1029,9 +860,9 @@ func TestRetryObserverOnRetry(t *testing.T) {
 	})
 
 	t.Run("Retry-After longer than the backoff is the delay", func(t *testing.T) {
-		srv := newRtyServer(t, rtyScript(rtyA(429, "Retry-After", "7"), rtyA(200)))
-		rec := &rtyRecorder{}
-		tr := newRtyTransport(t, srv.transport(t), RetryPolicy{BaseDelay: 4 * time.Millisecond}, WithObserver(rec.observer()))
+		srv := newRecServer(t, rtyScript(rtyA(429, "Retry-After", "7"), rtyA(200)))
+		rec := &obsRecorder{}
+		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{BaseDelay: 4 * time.Millisecond}, WithObserver(rec.observer()))
 		fc := clock.NewFake(time.Now())
 		tr.clock = fc
 
@@ -1044,14 +875,14 @@ func TestRetryObserverOnRetry(t *testing.T) {
 			resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
 			done <- result{resp, err}
 		}()
-		waited := rtyWaitTimers(fc, 1, 10*time.Second) // the retry's sleep
+		waited := timersPending(fc, 1) // the retry's sleep
 		if !waited {
 			fc.Advance(time.Hour) // release it, so that the goroutine ends
 			<-done
 			t.Fatal("the retry did not sleep on the clock")
 		}
-		retries, _, _ := rec.snapshot()
-		assert.Equal(t, []rtyRetryCall{{key: srv.host(), attempt: 2, delay: 7 * time.Second, status: 429}}, retries)
+		retries, _, _ := rec.retryLog()
+		assert.Equal(t, []obsRetry{{key: srv.host(), attempt: 2, delay: 7 * time.Second, status: 429}}, retries)
 		assert.Equal(t, 1, srv.count(), "the retry waits for the clock")
 		fc.Advance(7 * time.Second)
 
@@ -1075,9 +906,9 @@ func TestRetryBudgetCapsAnOutage(t *testing.T) {
 		floor   = 3
 		ratio   = 0.2
 	)
-	srv := newRtyServer(t, rtyScript(rtyA(503)))
-	rec := &rtyRecorder{}
-	tr := newRtyTransport(t, srv.transport(t),
+	srv := newRecServer(t, rtyScript(rtyA(503)))
+	rec := &obsRecorder{}
+	tr := newRtyTransport(t, srv.pooled(t),
 		RetryPolicy{MaxAttempts: 10, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond, BudgetRatio: ratio, BudgetFloor: floor},
 		WithObserver(rec.observer()))
 
@@ -1116,7 +947,7 @@ func TestRetryBudgetCapsAnOutage(t *testing.T) {
 	bound := firsts + int(ratio*firsts) + floor
 	assert.LessOrEqual(t, total, bound, "attempts at the server: %d first attempts, ratio %v, floor %d", firsts, ratio, floor)
 	assert.GreaterOrEqual(t, total, firsts+floor, "the floor's retries were made")
-	retries, _, exhausted := rec.snapshot()
+	retries, _, exhausted := rec.retryLog()
 	assert.Len(t, retries, total-firsts)
 	assert.NotEmpty(t, exhausted, "OnBudgetExhausted is called")
 	for _, k := range exhausted {
@@ -1126,8 +957,8 @@ func TestRetryBudgetCapsAnOutage(t *testing.T) {
 }
 
 func TestRetryMaxAttemptsOneDisablesRetries(t *testing.T) {
-	srv := newRtyServer(t, rtyScript(rtyA(503), rtyA(200)))
-	tr := newRtyTransport(t, srv.transport(t), RetryPolicy{MaxAttempts: 1})
+	srv := newRecServer(t, rtyScript(rtyA(503), rtyA(200)))
+	tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 1})
 
 	resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
 	require.NoError(t, err)
@@ -1137,8 +968,8 @@ func TestRetryMaxAttemptsOneDisablesRetries(t *testing.T) {
 }
 
 func TestRetryWithoutWithRetrySendsOnce(t *testing.T) {
-	srv := newRtyServer(t, rtyScript(rtyA(503), rtyA(200)))
-	tr, err := New(srv.transport(t))
+	srv := newRecServer(t, rtyScript(rtyA(503), rtyA(200)))
+	tr, err := New(srv.pooled(t))
 	require.NoError(t, err)
 
 	resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))

@@ -2,8 +2,6 @@ package egress
 
 import (
 	"context"
-	"fmt"
-	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -14,65 +12,6 @@ import (
 
 	"github.com/egress-go/egress/internal/clock"
 )
-
-// limiterEpoch is where the fake clocks of the limiter tests start.
-var limiterEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-
-// newTokenBucketOnFake returns a token bucket that reads a fake clock
-// started at limiterEpoch.
-func newTokenBucketOnFake(t testing.TB, r Rate, burst int, opts ...LimiterOption) (*TokenBucket, *clock.Fake) {
-	t.Helper()
-	if len(opts) == 0 {
-		opts = []LimiterOption{WithTransitMargin(0)} // the bucket's own maths
-	}
-	tb, err := NewTokenBucket(r, burst, opts...)
-	require.NoError(t, err)
-	fc := clock.NewFake(limiterEpoch)
-	tb.clock = fc
-	return tb, fc
-}
-
-// limAdvanceTo moves fc forward to at; it never moves it back.
-func limAdvanceTo(fc *clock.Fake, at time.Time) {
-	if d := at.Sub(fc.Now()); d > 0 {
-		fc.Advance(d)
-	}
-}
-
-// limSpinUntil yields until cond holds, and fails the test if it does not hold
-// within a generous real-time bound. It is how a test knows that a goroutine
-// has reached a state that no timer announces.
-func limSpinUntil(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	give := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(give) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
-// limWaitTimers waits until at least n timers are pending on fc: the
-// goroutines that wait on them are parked. Unlike fc.WaitTimers it fails the
-// test, rather than hanging, when they never come.
-func limWaitTimers(t testing.TB, fc *clock.Fake, n int) {
-	t.Helper()
-	limSpinUntil(t, fmt.Sprintf("%d timers pending", n), func() bool { return fc.Timers() >= n })
-}
-
-// limRecv receives from ch, or fails the test if nothing comes within a
-// generous real-time bound.
-func limRecv[T any](t testing.TB, ch <-chan T) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatal("timed out waiting for a result")
-		panic("unreachable")
-	}
-}
 
 // tbStep is one request in a limiter step table. Times are offsets from
 // limiterEpoch; the fake clock is moved to at before the request.
@@ -211,9 +150,6 @@ func TestTokenBucketSteps(t *testing.T) {
 	}
 }
 
-// delayOf returns a grant's delay.
-func delayOf(g grant, err error) (time.Duration, error) { return g.delay, err }
-
 func TestTokenBucketWaitCost(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -329,7 +265,7 @@ func TestTokenBucketWaitBlocksUntilAdvance(t *testing.T) {
 		d, err := tb.Wait(ctx, "k", 1, 0)
 		done <- limWaitResult{waited: d, err: err}
 	}()
-	limWaitTimers(t, fc, 1) // parked on its timer
+	waitTimers(t, fc, 1) // parked on its timer
 
 	fc.Advance(999 * time.Millisecond)
 	select {
@@ -340,7 +276,7 @@ func TestTokenBucketWaitBlocksUntilAdvance(t *testing.T) {
 	assert.Equal(t, 1, fc.Timers())
 
 	fc.Advance(time.Millisecond)
-	r := limRecv(t, done)
+	r := recvWithin(t, done)
 	require.NoError(t, r.err)
 	assert.Equal(t, time.Second, r.waited)
 
@@ -372,10 +308,10 @@ func TestTokenBucketWaitCancelGivesTokensBack(t *testing.T) {
 				d, err := tb.Wait(ctx, "k", 1, 0)
 				done <- limWaitResult{waited: d, err: err}
 			}()
-			limWaitTimers(t, fc, 1)
+			waitTimers(t, fc, 1)
 			fc.Advance(tc.cancelAt)
 			cancel()
-			r := limRecv(t, done)
+			r := recvWithin(t, done)
 			assert.Same(t, context.Canceled, r.err)
 			assert.Zero(t, r.waited)
 			assert.Zero(t, fc.Timers(), "its timer is stopped")
@@ -403,12 +339,12 @@ func TestTokenBucketWaitersInOrder(t *testing.T) {
 			d, err := tb.Wait(ctx, "k", 1, 0)
 			done <- limWaitResult{i: i, waited: d, err: err}
 		}()
-		limWaitTimers(t, fc, i+1) // i+1 parked: arrival order is i
+		waitTimers(t, fc, i+1) // i+1 parked: arrival order is i
 	}
 	interval := PerSecond(10).Interval()
 	for i := range n {
 		fc.Advance(interval)
-		r := limRecv(t, done)
+		r := recvWithin(t, done)
 		require.NoError(t, r.err)
 		assert.Equal(t, i, r.i, "served in order of arrival")
 		assert.Equal(t, time.Duration(i+1)*interval, r.waited)

@@ -6,9 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,240 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// promptBound is how soon a call that must not wait has to return. The calls
-// measured against it take microseconds; the margin is for a loaded 2-core
-// machine under -race.
-const promptBound = 50 * time.Millisecond
-
-// arrivalServer is an httptest server on 127.0.0.1 that counts the requests
-// it receives and records, at the server, when each arrived and what it
-// carried. It answers with status (200 unless set).
-type arrivalServer struct {
-	*httptest.Server
-	status atomic.Int32
-
-	mu   sync.Mutex
-	hits []srvHit // guarded by mu
-}
-
-// srvHit is one request as the server saw it.
-type srvHit struct {
-	at     time.Time
-	method string
-	uri    string // the request URI on the wire: path and query
-	host   string
-	header http.Header
-	body   []byte
-}
-
-func newArrivalServer(t *testing.T) *arrivalServer {
-	t.Helper()
-	s := &arrivalServer{}
-	s.status.Store(http.StatusOK)
-	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(func() {
-		s.Client().CloseIdleConnections()
-		s.Close()
-	})
-	return s
-}
-
-func (s *arrivalServer) serve(w http.ResponseWriter, r *http.Request) {
-	at := time.Now()
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		body = append(body, "<read error: "+err.Error()+">"...)
-	}
-	s.mu.Lock()
-	s.hits = append(s.hits, srvHit{
-		at: at, method: r.Method, uri: r.RequestURI, host: r.Host,
-		header: r.Header.Clone(), body: body,
-	})
-	s.mu.Unlock()
-	w.WriteHeader(int(s.status.Load()))
-}
-
-// arrivals returns a copy of what the server has received so far.
-func (s *arrivalServer) arrivals() []srvHit {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]srvHit(nil), s.hits...)
-}
-
-func (s *arrivalServer) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.hits)
-}
-
-// host is the server's host:port, the default key of its requests.
-func (s *arrivalServer) host() string {
-	u, err := url.Parse(s.URL)
-	if err != nil {
-		panic(err)
-	}
-	return u.Host
-}
-
-// base returns the server's own client transport, closed with the server.
-func (s *arrivalServer) base() http.RoundTripper { return s.Client().Transport }
-
-// closeSpyBody is a request body that records whether it was closed.
-type closeSpyBody struct {
-	r      *strings.Reader
-	closed atomic.Bool
-}
-
-func newCloseSpyBody(s string) *closeSpyBody { return &closeSpyBody{r: strings.NewReader(s)} }
-
-func (b *closeSpyBody) Read(p []byte) (int, error) { return b.r.Read(p) }
-func (b *closeSpyBody) Close() error               { b.closed.Store(true); return nil }
-
-// newSpyPost returns a POST to target with a spy body.
-func newSpyPost(t *testing.T, ctx context.Context, target, body string) (*http.Request, *closeSpyBody) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
-	require.NoError(t, err)
-	b := newCloseSpyBody(body)
-	req.Body, req.ContentLength = b, int64(len(body))
-	return req, b
-}
-
-// newPlainGet returns a GET to target.
-func newPlainGet(t *testing.T, ctx context.Context, target string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
-	require.NoError(t, err)
-	return req
-}
-
-// checkedRoundTrip sends req through rt and checks the RoundTripper contract: a
-// response and no error, or an error and no response. It closes the
-// response body and returns the status.
-func checkedRoundTrip(t *testing.T, rt http.RoundTripper, req *http.Request) (int, error) {
-	t.Helper()
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		assert.Nil(t, resp, "a response returned together with error %v", err)
-		return 0, err
-	}
-	require.NotNil(t, resp, "no response and no error")
-	_, _ = io.Copy(io.Discard, resp.Body)
-	require.NoError(t, resp.Body.Close())
-	return resp.StatusCode, nil
-}
-
-// mustSend200 sends req and requires a 200.
-func mustSend200(t *testing.T, rt http.RoundTripper, req *http.Request) {
-	t.Helper()
-	status, err := checkedRoundTrip(t, rt, req)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status)
-}
-
-// limiterShape builds a fresh limiter of one shape with rate r and capacity
-// (the burst, or the queue depth).
-type limiterShape struct {
-	name string
-	make func(t *testing.T, r Rate, capacity int) Limiter
-}
-
-var limiterShapes = []limiterShape{
-	{"tokenbucket", func(t *testing.T, r Rate, capacity int) Limiter {
-		l, err := NewTokenBucket(r, capacity)
-		require.NoError(t, err)
-		return l
-	}},
-	{"leakybucket", func(t *testing.T, r Rate, capacity int) Limiter {
-		l, err := NewLeakyBucket(r, capacity)
-		require.NoError(t, err)
-		return l
-	}},
-}
-
-// mustNewTransport is New that requires success.
-func mustNewTransport(t *testing.T, base http.RoundTripper, opts ...Option) *Transport {
-	t.Helper()
-	tr, err := New(base, opts...)
-	require.NoError(t, err)
-	require.NotNil(t, tr)
-	return tr
-}
-
-// takeOneUnit takes one unit of key's capacity straight from the limiter, so that
-// the next request on key has to wait.
-func takeOneUnit(t *testing.T, l Limiter, key string) {
-	t.Helper()
-	waited, err := l.Wait(context.Background(), key, 1, 0)
-	require.NoError(t, err)
-	require.Zero(t, waited, "the limiter for %q was expected to be idle", key)
-}
-
-// probeWouldWait asks l how long a request of cost 1 on key would wait now,
-// without taking anything: a wait of 1ns is never enough, so the limiter
-// refuses and reports the wait it would have needed. It fails the test when
-// the probe is granted (key idle), which would take capacity.
-func probeWouldWait(t *testing.T, l Limiter, key string) time.Duration {
-	t.Helper()
-	_, err := l.Wait(context.Background(), key, 1, time.Nanosecond)
-	var le *LimitError
-	require.ErrorAs(t, err, &le, "probe on idle key %q was granted", key)
-	require.Equal(t, ReasonMaxWait, le.Reason)
-	return le.Wait
-}
-
-// obsRecorder is an Observer that records its calls.
-type obsRecorder struct {
-	mu      sync.Mutex
-	waits   []obsWait
-	rejects []obsReject
-	sents   []obsSent
-}
-
-type obsWait struct {
-	key    string
-	waited time.Duration
-}
-
-type obsReject struct {
-	key string
-	err error
-}
-
-type obsSent struct {
-	key             string
-	attempt, status int
-	err             error
-}
-
-func (r *obsRecorder) observer() Observer {
-	return Observer{
-		OnWait: func(key string, d time.Duration) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.waits = append(r.waits, obsWait{key, d})
-		},
-		OnReject: func(key string, err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.rejects = append(r.rejects, obsReject{key, err})
-		},
-		OnSent: func(key string, attempt, status int, err error) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.sents = append(r.sents, obsSent{key, attempt, status, err})
-		},
-	}
-}
-
-func (r *obsRecorder) snapshot() ([]obsWait, []obsReject, []obsSent) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]obsWait(nil), r.waits...),
-		append([]obsReject(nil), r.rejects...),
-		append([]obsSent(nil), r.sents...)
-}
 
 // ---- New ----
 
@@ -354,7 +118,7 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 
 func TestWithoutLimiterPassesThroughUnthrottled(t *testing.T) {
 	const n = 50
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	tr := mustNewTransport(t, srv.base())
 
 	start := make(chan struct{})
@@ -416,9 +180,9 @@ func callerViewOf(r *http.Request) callerView {
 
 func TestRoundTripDeliversRequestUnchanged(t *testing.T) {
 	const payload = `{"amount":1200,"currency":"eur"}`
-	for _, lc := range append([]limiterShape{{"no limiter", nil}}, limiterShapes...) {
+	for _, lc := range append([]limiterShape{{name: "no limiter"}}, limiterShapes...) {
 		t.Run(lc.name, func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			var opts []Option
 			if lc.make != nil {
 				opts = append(opts, WithLimiter(lc.make(t, PerSecond(100), 10)))
@@ -441,7 +205,7 @@ func TestRoundTripDeliversRequestUnchanged(t *testing.T) {
 			assert.Equal(t, before, callerViewOf(req))
 			assert.Same(t, url, req.URL)
 			assert.Equal(t, header, req.Header)
-			assert.True(t, body.closed.Load(), "the base transport closes a body it sent")
+			assert.True(t, body.closed(), "the base transport closes a body it sent")
 
 			// The server got what was sent.
 			got := srv.arrivals()
@@ -550,7 +314,7 @@ func TestRoundTripRefusalClosesBodyAndSendsNothing(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			var obs obsRecorder
 			opts := append([]Option{WithLimiter(tc.limiter(t, srv.host())), WithObserver(obs.observer())}, tc.opts...)
 			tr := mustNewTransport(t, srv.base(), opts...)
@@ -569,7 +333,7 @@ func TestRoundTripRefusalClosesBodyAndSendsNothing(t *testing.T) {
 			require.Error(t, err)
 			assert.Nil(t, resp, "a response together with an error")
 			assert.Less(t, elapsed, promptBound, "a refusal is immediate")
-			assert.True(t, body.closed.Load(), "the body of a request that is not sent must be closed")
+			assert.True(t, body.closed(), "the body of a request that is not sent must be closed")
 			assert.Zero(t, srv.count(), "the server saw a refused request")
 			assert.Equal(t, before, callerViewOf(req), "the caller's request was modified")
 			if tc.want != nil {
@@ -599,14 +363,14 @@ func TestRoundTripRefusalClosesBodyAndSendsNothing(t *testing.T) {
 func TestKeyFunc(t *testing.T) {
 	for _, lc := range limiterShapes {
 		t.Run(lc.name+"/default is the host", func(t *testing.T) {
-			a, b := newArrivalServer(t), newArrivalServer(t)
+			a, b := newRecServer(t, nil), newRecServer(t, nil)
 			require.NotEqual(t, a.host(), b.host())
 			tr := mustNewTransport(t, a.base(), WithLimiter(lc.make(t, PerSecond(1), 1)), WithMaxWait(50*time.Millisecond))
 
 			// One request to each host goes at once: the buckets are independent.
 			mustSend200(t, tr, newPlainGet(t, context.Background(), a.URL+"/x"))
 			mustSend200(t, tr, newPlainGet(t, context.Background(), b.URL+"/x"))
-			for _, s := range []*arrivalServer{a, b} {
+			for _, s := range []*recServer{a, b} {
 				_, err := checkedRoundTrip(t, tr, newPlainGet(t, context.Background(), s.URL+"/y"))
 				var le *LimitError
 				require.ErrorAs(t, err, &le)
@@ -616,7 +380,7 @@ func TestKeyFunc(t *testing.T) {
 		})
 
 		t.Run(lc.name+"/custom key splits one host", func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			byAccount := func(r *http.Request) string { return "acct:" + r.Header.Get("X-Account") }
 			tr := mustNewTransport(t, srv.base(), WithLimiter(lc.make(t, PerSecond(1), 1)),
 				WithKeyFunc(byAccount), WithMaxWait(50*time.Millisecond))
@@ -636,7 +400,7 @@ func TestKeyFunc(t *testing.T) {
 		})
 
 		t.Run(lc.name+"/custom key joins two hosts", func(t *testing.T) {
-			a, b := newArrivalServer(t), newArrivalServer(t)
+			a, b := newRecServer(t, nil), newRecServer(t, nil)
 			tr := mustNewTransport(t, a.base(), WithLimiter(lc.make(t, PerSecond(1), 1)),
 				WithKeyFunc(func(*http.Request) string { return "provider" }), WithMaxWait(50*time.Millisecond))
 			mustSend200(t, tr, newPlainGet(t, context.Background(), a.URL))
@@ -657,14 +421,14 @@ func TestCostFunc(t *testing.T) {
 		}
 		return c
 	}
-	newCostReq := func(t *testing.T, target string, cost int) (*http.Request, *closeSpyBody) {
+	newCostReq := func(t *testing.T, target string, cost int) (*http.Request, *spyBody) {
 		req, body := newSpyPost(t, context.Background(), target, "x")
 		req.Header.Set("X-Cost", strconv.Itoa(cost))
 		return req, body
 	}
 
 	t.Run("tokenbucket cost 3 takes 3 tokens", func(t *testing.T) {
-		srv := newArrivalServer(t)
+		srv := newRecServer(t, nil)
 		tb, err := NewTokenBucket(PerSecond(1), 5, WithTransitMargin(0)) // the cost arithmetic alone
 		require.NoError(t, err)
 		var obs obsRecorder
@@ -698,7 +462,7 @@ func TestCostFunc(t *testing.T) {
 	})
 
 	t.Run("leakybucket cost 3 takes 3 intervals", func(t *testing.T) {
-		srv := newArrivalServer(t)
+		srv := newRecServer(t, nil)
 		lb, err := NewLeakyBucket(PerSecond(10), 5)
 		require.NoError(t, err)
 		tr := mustNewTransport(t, srv.base(), WithLimiter(lb), WithCostFunc(costOf), WithMaxWait(50*time.Millisecond))
@@ -721,14 +485,14 @@ func TestCostFunc(t *testing.T) {
 
 	for _, lc := range limiterShapes {
 		t.Run(lc.name+"/negative cost fails", func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			tr := mustNewTransport(t, srv.base(), WithLimiter(lc.make(t, PerSecond(10), 5)), WithCostFunc(costOf))
 			req, body := newCostReq(t, srv.URL, -1)
 			_, err := checkedRoundTrip(t, tr, req)
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, ErrRateLimited)
 			assert.Contains(t, err.Error(), "-1")
-			assert.True(t, body.closed.Load())
+			assert.True(t, body.closed())
 			assert.Zero(t, srv.count())
 		})
 	}
@@ -749,7 +513,7 @@ func TestDeadlineHonesty(t *testing.T) {
 			{"max wait shorter than deadline", []Option{WithMaxWait(100 * time.Millisecond)}, 500 * time.Millisecond, ReasonMaxWait},
 		} {
 			t.Run(lc.name+"/"+tc.name, func(t *testing.T) {
-				srv := newArrivalServer(t)
+				srv := newRecServer(t, nil)
 				tr := mustNewTransport(t, srv.base(), append([]Option{WithLimiter(lc.make(t, PerSecond(1), 1))}, tc.opts...)...)
 				mustSend200(t, tr, newPlainGet(t, context.Background(), srv.URL))
 
@@ -774,7 +538,7 @@ func TestDeadlineHonesty(t *testing.T) {
 				assert.Greater(t, le.Wait, 800*time.Millisecond)
 				assert.LessOrEqual(t, le.Wait, time.Second+time.Millisecond)
 				assert.Contains(t, le.Error(), srv.host())
-				assert.True(t, body.closed.Load())
+				assert.True(t, body.closed())
 				assert.Equal(t, 1, srv.count())
 			})
 		}
@@ -784,7 +548,7 @@ func TestDeadlineHonesty(t *testing.T) {
 func TestCancelWhileWaiting(t *testing.T) {
 	for _, lc := range limiterShapes {
 		t.Run(lc.name, func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			lim := lc.make(t, PerSecond(1), 1)
 			var obs obsRecorder
 			tr := mustNewTransport(t, srv.base(), WithLimiter(lim), WithObserver(obs.observer()))
@@ -807,7 +571,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 			assert.NotErrorIs(t, err, ErrRateLimited)
 			lag := returned.Sub(<-cancelledAt)
 			assert.Less(t, lag, promptBound, "RoundTrip must return as soon as the context is cancelled")
-			assert.True(t, body.closed.Load())
+			assert.True(t, body.closed())
 			assert.Equal(t, 1, srv.count(), "the cancelled request reached the server")
 			_, rejects, _ := obs.snapshot()
 			if assert.Len(t, rejects, 1) {
@@ -826,7 +590,7 @@ func TestAlreadyCancelledContext(t *testing.T) {
 	for _, lc := range limiterShapes {
 		for _, drained := range []bool{false, true} {
 			t.Run(lc.name+"/drained="+strconv.FormatBool(drained), func(t *testing.T) {
-				srv := newArrivalServer(t)
+				srv := newRecServer(t, nil)
 				lim := lc.make(t, PerSecond(1), 1)
 				if drained {
 					takeOneUnit(t, lim, srv.host())
@@ -839,7 +603,7 @@ func TestAlreadyCancelledContext(t *testing.T) {
 				_, err := checkedRoundTrip(t, tr, req)
 				assert.Less(t, time.Since(start), promptBound)
 				assert.ErrorIs(t, err, context.Canceled)
-				assert.True(t, body.closed.Load())
+				assert.True(t, body.closed())
 				assert.Zero(t, srv.count())
 			})
 		}
@@ -851,7 +615,7 @@ func TestAlreadyCancelledContext(t *testing.T) {
 func TestObserverOnWait(t *testing.T) {
 	for _, lc := range limiterShapes {
 		t.Run(lc.name, func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			var obs obsRecorder
 			tr := mustNewTransport(t, srv.base(), WithLimiter(lc.make(t, PerSecond(50), 1)), WithObserver(obs.observer()))
 
@@ -873,7 +637,7 @@ func TestObserverOnWait(t *testing.T) {
 }
 
 func TestObserverOnReject(t *testing.T) {
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	tb, err := NewTokenBucket(PerSecond(1), 1)
 	require.NoError(t, err)
 	var obs obsRecorder
@@ -898,7 +662,7 @@ func TestObserverOnReject(t *testing.T) {
 // see it ("OnReject is called when a request is refused without being sent;
 // err is the *LimitError (or other error) that RoundTrip returns").
 func TestObserverOnRejectCalledForNegativeCost(t *testing.T) {
-	srv := newArrivalServer(t)
+	srv := newRecServer(t, nil)
 	tb, err := NewTokenBucket(PerSecond(10), 5)
 	require.NoError(t, err)
 	var obs obsRecorder
@@ -907,7 +671,7 @@ func TestObserverOnRejectCalledForNegativeCost(t *testing.T) {
 	req, body := newSpyPost(t, context.Background(), srv.URL, "x")
 	_, err = checkedRoundTrip(t, tr, req)
 	require.Error(t, err)
-	assert.True(t, body.closed.Load())
+	assert.True(t, body.closed())
 	assert.Zero(t, srv.count())
 	_, rejects, sents := obs.snapshot()
 	assert.Empty(t, sents)
@@ -927,7 +691,7 @@ func TestObserverOnSent(t *testing.T) {
 		{"client error is a response, not an error", http.StatusNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := newArrivalServer(t)
+			srv := newRecServer(t, nil)
 			srv.status.Store(int32(tc.status))
 			tb, err := NewTokenBucket(PerSecond(100), 10)
 			require.NoError(t, err)
@@ -957,7 +721,7 @@ func TestObserverOnSent(t *testing.T) {
 		req, body := newSpyPost(t, context.Background(), target, "x")
 		_, err = checkedRoundTrip(t, tr, req)
 		require.Error(t, err)
-		assert.True(t, body.closed.Load())
+		assert.True(t, body.closed())
 		assert.NotErrorIs(t, err, ErrRateLimited)
 		_, rejects, sents := obs.snapshot()
 		assert.Empty(t, rejects, "a request that was sent is not a rejection")
