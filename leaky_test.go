@@ -249,122 +249,43 @@ func TestLeakyBucketSteps(t *testing.T) {
 	}
 }
 
-func TestLeakyBucketWaitCost(t *testing.T) {
-	for _, tc := range []struct {
-		name       string
-		depth      int
-		cost       int
-		wantReason Reason // 0: granted, or wantOther
-		wantOther  bool   // an error that is not a LimitError
-	}{
-		{name: "zero is free", depth: 3, cost: 0},
-		{name: "at the depth", depth: 3, cost: 3},
-		{name: "above the depth", depth: 3, cost: 4, wantReason: ReasonCostTooHigh},
-		{name: "depth 0, cost 1", depth: 0, cost: 1},
-		{name: "depth 0, cost 2", depth: 0, cost: 2, wantReason: ReasonCostTooHigh},
-		{name: "negative", depth: 3, cost: -1, wantOther: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			lb, fc := newLeakyBucketOnFake(t, Every(time.Second), tc.depth)
-			d, err := lb.Wait(context.Background(), "k", tc.cost, 0)
-			assert.Zero(t, d, "returns at once")
-			assert.Zero(t, fc.Timers(), "never waits")
-			switch {
-			case tc.wantReason != 0:
-				require.ErrorIs(t, err, ErrCostTooHigh)
-				assert.ErrorIs(t, err, ErrRateLimited)
-				assert.NotErrorIs(t, err, ErrQueueFull)
-				var le *LimitError
-				require.ErrorAs(t, err, &le)
-				assert.Equal(t, tc.wantReason, le.Reason)
-				assert.Equal(t, tc.cost, le.Cost)
-				assert.Zero(t, le.Wait, "no wait would help")
-			case tc.wantOther:
-				require.Error(t, err)
-				assert.NotErrorIs(t, err, ErrRateLimited)
-				assert.Contains(t, err.Error(), "negative")
-			default:
-				require.NoError(t, err)
-			}
-			if err != nil || tc.cost == 0 {
-				assert.Empty(t, leakyLanesHeld(lb), "a refused or free request leaves no trace")
-			}
-		})
-	}
-}
+// TestLeakyBucketDepthZero: with no queue, a request goes at once or is
+// refused; a cost above 1 never fits. (The edges both shapes share are in
+// TestLocalLimiterEdges.)
+func TestLeakyBucketDepthZero(t *testing.T) {
+	lb, fc := newLeakyBucketOnFake(t, Every(time.Second), 0)
+	_, err := lb.Wait(context.Background(), "k", 2, 0)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, LimitError{Key: "k", Cost: 2, Reason: ReasonCostTooHigh}, *le)
+	assert.Empty(t, leakyLanesHeld(lb), "a refused request leaves no trace")
 
-func TestLeakyBucketWaitCancelledContext(t *testing.T) {
-	lb, _ := newLeakyBucketOnFake(t, Every(time.Second), 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	d, err := lb.Wait(ctx, "k", 1, 0)
-	assert.Zero(t, d)
-	assert.Same(t, context.Canceled, err, "ctx.Err() as it is")
-
-	w, _, err := lb.arrive("k", 1, budget{})
+	d, err := lb.Wait(context.Background(), "k", 1, 0)
 	require.NoError(t, err)
-	assert.Nil(t, w, "the cancelled call took nothing")
+	assert.Zero(t, d)
+	_, err = lb.Wait(context.Background(), "k", 1, 0)
+	require.ErrorIs(t, err, ErrQueueFull)
+	assert.Zero(t, fc.Timers(), "never waits")
 }
 
-func TestLeakyBucketWaitRefusesAtOnce(t *testing.T) {
-	t.Run("queue full", func(t *testing.T) {
-		lb, fc := newLeakyBucketOnFake(t, Every(time.Second), 1)
-		w, _, err := lb.arrive("k", 1, budget{}) // at once
-		require.NoError(t, err)
-		require.Nil(t, w)
-		w, _, err = lb.arrive("k", 1, budget{}) // fills the queue
-		require.NoError(t, err)
-		require.NotNil(t, w)
+func TestLeakyBucketWaitQueueFull(t *testing.T) {
+	lb, fc := newLeakyBucketOnFake(t, Every(time.Second), 1)
+	w, _, err := lb.arrive("k", 1, budget{}) // at once
+	require.NoError(t, err)
+	require.Nil(t, w)
+	w, _, err = lb.arrive("k", 1, budget{}) // fills the queue
+	require.NoError(t, err)
+	require.NotNil(t, w)
 
-		d, err := lb.Wait(context.Background(), "k", 1, 0)
-		assert.Zero(t, d)
-		require.ErrorIs(t, err, ErrQueueFull)
-		assert.ErrorIs(t, err, ErrRateLimited)
-		var le *LimitError
-		require.ErrorAs(t, err, &le)
-		assert.Equal(t, ReasonQueueFull, le.Reason)
-		assert.Equal(t, 2*time.Second, le.Wait)
-		assert.Zero(t, fc.Timers(), "did not wait")
-	})
-	t.Run("max wait", func(t *testing.T) {
-		lb, fc := newLeakyBucketOnFake(t, Every(time.Second), 5)
-		for range 2 {
-			_, _, err := lb.arrive("k", 1, budget{})
-			require.NoError(t, err)
-		}
-		d, err := lb.Wait(context.Background(), "k", 1, 1500*time.Millisecond)
-		assert.Zero(t, d)
-		var le *LimitError
-		require.ErrorAs(t, err, &le)
-		assert.NotErrorIs(t, err, ErrQueueFull)
-		assert.Equal(t, ReasonMaxWait, le.Reason)
-		assert.Equal(t, 2*time.Second, le.Wait)
-		assert.Zero(t, fc.Timers(), "did not wait")
-		assert.Equal(t, 1, leakyQueueLen(lb, "k"), "did not queue")
-	})
-	t.Run("deadline", func(t *testing.T) {
-		// The context's deadline is on the real clock: start the fake clock
-		// at the real time, so that the two agree.
-		start := time.Now()
-		lb, err := NewLeakyBucket(Every(time.Hour), 5)
-		require.NoError(t, err)
-		fc := clock.NewFake(start)
-		lb.clock = fc
-		for range 2 {
-			_, _, err := lb.arrive("k", 1, budget{})
-			require.NoError(t, err)
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), start.Add(90*time.Minute))
-		defer cancel()
-		d, err := lb.Wait(ctx, "k", 1, 0)
-		assert.Zero(t, d)
-		var le *LimitError
-		require.ErrorAs(t, err, &le)
-		assert.Equal(t, ReasonDeadline, le.Reason)
-		assert.Equal(t, 2*time.Hour, le.Wait)
-		assert.Zero(t, fc.Timers(), "did not wait")
-		assert.Equal(t, 1, leakyQueueLen(lb, "k"), "did not queue")
-	})
+	d, err := lb.Wait(context.Background(), "k", 1, 0)
+	assert.Zero(t, d)
+	require.ErrorIs(t, err, ErrQueueFull)
+	assert.ErrorIs(t, err, ErrRateLimited)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, ReasonQueueFull, le.Reason)
+	assert.Equal(t, 2*time.Second, le.Wait)
+	assert.Zero(t, fc.Timers(), "did not wait")
 }
 
 // startLeakyWaiters starts one Wait per context, one by one, each only once
