@@ -1116,42 +1116,70 @@ func TestSharedFleetPause(t *testing.T) {
 // reservation, so the second one got a fresh maxWait and Wait returned nil
 // after waiting longer than maxWait; now each pass reserves with what is
 // left of it.)
+//
+// The test proves its situation happened: the waiter had reserved its turn
+// before the pause began, the pause was heard while the waiter still
+// waited, and the waiter reserved a second time. Then, from the start of
+// Wait: the turn at 500ms, the pause until 1.3s, maxWait 1s. After the
+// turn, 500ms of maxWait is left and the pause has 800ms to go: refused at
+// once. A fresh maxWait (1s) would have covered the 800ms, and the waiter
+// would have been admitted at 1.3s, past its maxWait.
 func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	srv := redistest.Start(t)
 	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
-	a := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(10), 1, opts...)
-	b := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(10), 1, opts...)
+	a := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(2), 1, opts...)
+	b := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(2), 1, opts...)
 	ctx := context.Background()
-	_, err := b.Wait(ctx, "k", 1, 0) // the next turn is 100ms away
+	_, err := b.Wait(ctx, "k", 1, 0) // the next turn is 500ms away
 	require.NoError(t, err)
-	t0 := time.Now()
+	require.Equal(t, int64(1), b.Stats().RoundTrips)
 
-	const maxWait = 300 * time.Millisecond
+	const maxWait = time.Second
 	type result struct {
 		w   time.Duration
 		err error
 		at  time.Time
 	}
 	res := make(chan result, 1)
+	t0 := time.Now()
 	go func() {
-		w, err := b.Wait(ctx, "k", 1, maxWait) // turn at t0+100ms
+		w, err := b.Wait(ctx, "k", 1, maxWait) // turn at t0+500ms
 		res <- result{w, err, time.Now()}
 	}()
-	require.Eventually(t, func() bool { return b.Stats().Admitted == 2 }, time.Second, time.Millisecond)
-	// Pause from ~t0+30ms to t0+380ms: the turn at t0+100ms is inside. After
-	// it, the waiter has 200ms of its 300ms left and the pause 280ms.
-	time.Sleep(time.Until(t0.Add(30 * time.Millisecond)))
-	require.NoError(t, holdKey(ctx, a, "k", t0.Add(380*time.Millisecond)))
+	require.Eventually(t, func() bool { return b.Stats().Admitted == 2 }, time.Second, time.Millisecond,
+		"the waiter reserved its turn")
+	require.Equal(t, int64(2), b.Stats().RoundTrips)
+
+	// The pause begins now, after the reservation, and lasts until t0+1.3s.
+	until := t0.Add(1300 * time.Millisecond)
+	require.NoError(t, holdKey(ctx, a, "k", until))
+	id := keyID("k")
+	heard := func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		p, ok := b.pauses[id]
+		return ok && !p.heard.Before(t0)
+	}
+	for !heard() {
+		select {
+		case r := <-res:
+			t.Fatalf("the waiter returned (%v, %v) %v after Wait began, before B heard the pause: the situation under test did not happen",
+				r.w, r.err, r.at.Sub(t0))
+		case <-time.After(time.Millisecond):
+		}
+	}
+	heardAt := time.Since(t0)
+
 	r := <-res
 	waited := r.at.Sub(t0)
-	if r.err == nil {
-		assert.LessOrEqual(t, waited, maxWait+30*time.Millisecond,
-			"admitted after %v (Wait says %v): longer than maxWait %v", waited, r.w, maxWait)
-	} else {
-		var le *LimitError
-		require.ErrorAs(t, r.err, &le)
-		assert.Equal(t, ReasonMaxWait, le.Reason)
-	}
+	t.Logf("pause heard %v after Wait began; Wait returned after %v: %v", heardAt, waited, r.err)
+	assert.Equal(t, int64(3), b.Stats().RoundTrips, "the waiter reserved again after its turn, inside the pause")
+	var le *LimitError
+	require.ErrorAs(t, r.err, &le, "admitted after %v (Wait says %v): longer than maxWait %v", waited, r.w, maxWait)
+	assert.Equal(t, ReasonMaxWait, le.Reason)
+	assert.Zero(t, r.w)
+	assert.Less(t, waited, maxWait, "refused at once after the turn, not at the end of maxWait")
+	assert.Greater(t, le.Wait, 500*time.Millisecond, "the wait needed runs to the end of the pause")
 }
 
 // TestSharedCluster: both shapes on a three-master Redis Cluster through a
