@@ -32,3 +32,9 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
+
+# The chaos soak: about two minutes of Redis restarts, pauses, script and
+# data flushes and a killed worker under a 4-process fleet; not part of test.
+.PHONY: soak
+soak: setup
+	EGRESS_SOAK=1 $(GO) test -race -count=1 -timeout 5m -run '^TestChaosSoak$$' -v ./internal/soak/
