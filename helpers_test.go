@@ -31,6 +31,12 @@ import (
 // machine under -race.
 const promptBound = 50 * time.Millisecond
 
+// rtyPromptly bounds a call that must return without waiting but makes a
+// round trip to a local server, on a busy machine. Idle, it is a few
+// milliseconds; with the machine shared by other -race runs, 300 ms has been
+// seen once.
+const rtyPromptly = 250 * time.Millisecond
+
 // limiterEpoch is where the fake clocks of the limiter tests start.
 var limiterEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
@@ -71,6 +77,46 @@ func newRecServer(t *testing.T, script func(n int, w http.ResponseWriter, r *htt
 	})
 	return s
 }
+
+// newMemServer is a recServer that no socket reaches: its requests go
+// through the RoundTripper that memBase returns, which calls the handler
+// in the caller's goroutine. It serves tests inside a testing/synctest
+// bubble, whose clock moves only while every goroutine in it waits on
+// something of the bubble's (which a network socket is not).
+func newMemServer(t *testing.T, script func(n int, w http.ResponseWriter, r *http.Request)) *recServer {
+	t.Helper()
+	s := &recServer{script: script, Server: &httptest.Server{URL: "http://api.test"}}
+	s.status.Store(http.StatusOK)
+	return s
+}
+
+// memBase returns a RoundTripper that hands each request straight to the
+// server's handler and returns what it wrote.
+func (s *recServer) memBase() http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		in := req.Clone(req.Context())
+		in.RequestURI = req.URL.RequestURI()
+		if in.Host == "" {
+			in.Host = req.URL.Host
+		}
+		if in.Body == nil {
+			in.Body = http.NoBody
+		}
+		w := httptest.NewRecorder()
+		s.serve(w, in)
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		resp := w.Result()
+		resp.Request = req
+		return resp, nil
+	})
+}
+
+// roundTripFunc is a RoundTripper that is a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 func (s *recServer) serve(w http.ResponseWriter, r *http.Request) {
 	at := time.Now()
