@@ -1,9 +1,15 @@
 # One command sets up and runs everything: make test.
 GO ?= go
 
-.PHONY: test setup vet race fuzz bench
+.PHONY: test setup vet race wallclock fuzz bench
 
-test: setup vet race fuzz
+test: setup vet race fuzz wallclock
+
+# The wall-clock suites: real timers at real rates, fleets of processes,
+# adaptive fleets learning a provider's limit, Redis failovers. Their own
+# step, last; everything else runs on fake clocks or real
+# Redis and finishes in about a minute.
+WALLCLOCK = ^Test(RealTime|Fleet|Adaptive(Fleet|Local)|Failover)
 
 # The Redis tests run against a real redis-server on a loopback port; install
 # the Debian package when it is missing (as root, or through sudo).
@@ -20,7 +26,10 @@ vet:
 	$(GO) vet ./...
 
 race:
-	$(GO) test -race -count=1 -timeout 10m ./...
+	$(GO) test -race -count=1 -timeout 10m -skip '$(WALLCLOCK)' ./...
+
+wallclock:
+	$(GO) test -race -count=1 -timeout 10m -run '$(WALLCLOCK)' ./...
 
 # A short, bounded run of each fuzz target on top of its seed corpus.
 FUZZTIME ?= 10s

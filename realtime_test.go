@@ -334,13 +334,13 @@ func TestRealTimeLeakyBucketSpacing(t *testing.T) {
 	assertWindowBound(t, "releases", rel, r, 1, gapSlack)
 	assertWindowBound(t, "server arrivals", arr, r, 1, arrivalStall)
 	assert.LessOrEqual(t, bunched, total/10, "at the server, gaps under 1/R are rare stalls, not the rule")
-	// Never faster than the rate. Slower, it is by more than timer noise:
-	// each release is late by the timer's latency and the next is spaced
-	// from it (see TestRealTimeAchievedRateHighRate), which at 20/s has cost
-	// 1-2% idle under -race and up to 22% with the CPUs oversubscribed.
+	// Never faster than the rate. Slower only by what the machine costs, as
+	// for the token bucket (TestRealTimeTokenBucketAchievedRate): each
+	// release is spaced from its due time, not from when its goroutine got
+	// round to it, so timer latency does not add up.
 	for _, got := range []float64{fitRate(rel), fitRate(arr)} {
 		assert.LessOrEqual(t, got, r*1.05, "achieved rate")
-		assert.GreaterOrEqual(t, got, r/2, "achieved rate")
+		assert.GreaterOrEqual(t, got, r*0.85, "achieved rate")
 	}
 }
 
