@@ -60,6 +60,10 @@ type Decision struct {
 	// Err is an error of the limiter while learning (a shared limiter that
 	// could not reach Redis); the decision was applied locally.
 	Err error
+
+	// drain: the provider's bucket is empty as of the response; a limiter
+	// of this package empties its own rather than hold the key.
+	drain bool
 }
 
 // shape is what a key's reset means, as learnt from the provider, or as
@@ -95,7 +99,7 @@ type ctlState struct {
 	advertisedUntil time.Time // when the advertised limit is forgotten
 	wmax, w0        float64   // discovery: the aim of the climb back, and the rate right after the last decrease
 	climb           time.Time // when the climb back starts (the decrease, or the end of its hold); zero for never
-	decreased       time.Time // when the last decrease was decided
+	decreased       time.Time // when the last decrease was decided (or the end of the turns given before it)
 	hold            time.Time // the key is held until then
 	shape           shape
 	zeroAt          time.Time // when a "remaining 0" was last seen
@@ -158,13 +162,20 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	old := st.rate(cfg, now)
 	q, hasQ := s.requestQuota()
 	ev := classify(s, q, hasQ)
-	if st.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
+	if hasQ && q.Kind != ResetKindUnknown {
 		st.shape = shape(q.Kind) // the dialect says what its reset means
+	} else {
+		st.learnShape(s, ev, old)
 	}
-	st.learnShape(s, ev)
-	st.meter.add(s.SentAt, ev == evExhausted, s.Status != 0 && !s.throttled())
-	if ev == evExhausted && !hasQ && st.storm.notQuota(s, &st.meter) {
-		ev = evOther
+	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
+	if ev == evExhausted && !hasQ {
+		if other, entered := st.storm.notQuota(s, &st.meter); other {
+			ev = evOther
+			if entered {
+				// The decreases the storm caused were mistaken.
+				st.wmax, st.w0, st.climb = 0, 0, time.Time{}
+			}
+		}
 	}
 	st.storm.count(s)
 
@@ -184,6 +195,15 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			d.NotBefore = now.Add(s.RetryAfter)
 		}
 	case evExhausted:
+		// A bucket that says "nothing left" on a success is empty now: the
+		// limiter empties its own (Decision.drain) rather than hold.
+		d.drain = st.shape == shapeBucket && !s.throttled()
+		if d.drain && cfg.discover && !st.climb.IsZero() && now.After(st.climb) && old < cfg.configured {
+			// Climbing back, and the provider has no room left: the limit is
+			// about here. Level off at the current rate rather than climb
+			// into a refusal; the climb resumes once it shows room again.
+			st.wmax, st.w0, st.climb = old, old, now
+		}
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
 			st.hold, d.Hold = until, until
@@ -231,16 +251,17 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 
 // learnShape learns what the key's reset means from a response to a request
 // sent after a "remaining 0" and before its reset: accepted, the provider
-// refills continuously (a bucket); refused with nothing left, it waits for
-// the reset (a window).
-func (st *ctlState) learnShape(s *Signal, ev evidence) {
+// refills continuously (a bucket); refused with nothing left although sent
+// a unit (1/rate) or more after the zero, when a bucket would have refilled
+// one, it waits for the reset (a window).
+func (st *ctlState) learnShape(s *Signal, ev evidence, rate float64) {
 	if st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
 		return
 	}
 	switch {
 	case s.Status >= 200 && s.Status < 300:
 		st.shape = shapeBucket
-	case ev == evExhausted && s.throttled():
+	case ev == evExhausted && s.throttled() && s.SentAt.Sub(st.zeroAt).Seconds() >= 1/rate:
 		st.shape = shapeWindow
 	}
 }
@@ -268,6 +289,9 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 	case shapeWindow:
 		return now.Add(max(reset, s.RetryAfter))
 	case shapeBucket:
+		if !s.throttled() {
+			return now // a success: the limiter's own pacing is the wait (see drain)
+		}
 		return now.Add(min(reset, time.Duration(float64(time.Second)/rate)))
 	}
 	// Not known yet: hold briefly, so that the next request tells; a
@@ -376,22 +400,23 @@ func (st *storm) count(s *Signal) {
 }
 
 // notQuota reports whether s, a throttle without counts, is not about the
-// key's quota, learning from it.
-func (st *storm) notQuota(s *Signal, m *meter) bool {
+// key's quota (other), learning from it, and whether it is the first sign
+// of a storm (entered): the rate decreases made before were mistaken.
+func (st *storm) notQuota(s *Signal, m *meter) (other, entered bool) {
 	now := s.Now
 	if now.Before(st.until) {
 		if share, ok := m.refusedShare(now); ok && share >= stormExit {
 			st.until = time.Time{}
-			return false
+			return false, false
 		}
 		st.until = now.Add(stormTTL)
-		return true
+		return true, false
 	}
 	if !st.holdEnd.IsZero() && !s.SentAt.Before(st.holdEnd) && st.after < stormFirst {
 		st.until = now.Add(stormTTL)
-		return true
+		return true, true
 	}
-	return false
+	return false, false
 }
 
 // minEstimateSamples and minEstimateRefusals are how many outcomes, and

@@ -189,6 +189,7 @@ type want struct {
 	rate            float64 // the key's rate right after; 0: the configured 100
 	why             string
 	shape           shape
+	drain           bool
 }
 
 // ctlTable is a recorded response sequence and the decisions it must get,
@@ -240,8 +241,8 @@ func ctlTables() []ctlTable {
 			},
 			wants: []want{
 				{hold: probeHold},
-				{hold: 160 * ms, shape: shapeBucket}, // a bucket's next unit: 1/rate
-				{hold: 310 * ms, shape: shapeBucket},
+				{shape: shapeBucket, drain: true}, // a bucket: the limiter empties its own, no hold
+				{shape: shapeBucket, drain: true},
 			},
 		},
 		{
@@ -263,11 +264,19 @@ func ctlTables() []ctlTable {
 			wants: []want{{hold: 40 * time.Minute, shape: shapeWindow}},
 		},
 		{
-			name: "a dialect that says its reset is a bucket's: held one unit",
+			name: "a dialect that says its reset is a bucket's: the limiter empties its own bucket, no hold",
 			steps: []sig{
 				func() sig { x := withQuota(ok(0, 0), 0, time.Minute); x.kind = ResetKindBucket; return x }(),
+				func() sig {
+					x := withQuota(throttle(5*ms, 5*ms, s), 0, time.Minute)
+					x.kind = ResetKindBucket
+					return x
+				}(),
 			},
-			wants: []want{{hold: 10 * ms, shape: shapeBucket}},
+			wants: []want{
+				{shape: shapeBucket, drain: true},
+				{hold: 15 * ms, notBefore: 5*ms + s, rate: 70, why: "throttled", shape: shapeBucket}, // a refusal: one unit
+			},
 		},
 		{
 			name:  "remaining 0 with a reset sooner than the probe holds until the reset",
@@ -337,7 +346,7 @@ func ctlTables() []ctlTable {
 			wants: []want{
 				{rate: 50, why: "advertised"},
 				{hold: 12*ms + s, notBefore: 12*ms + s, rate: 50},
-				{hold: 30*ms + s, notBefore: 30*ms + s, rate: 50, shape: shapeWindow}, // the advertised limit is believed
+				{hold: 30*ms + s, notBefore: 30*ms + s, rate: 50}, // the advertised limit is believed
 			},
 		},
 		{
@@ -393,6 +402,7 @@ func TestControllerSteps(t *testing.T) {
 					assert.InDelta(t, rate, d.New.PerSecond(), 0.5, "step %d: Decision.New", i)
 				}
 				assert.Equal(t, w.shape, st.shape, "step %d: shape", i)
+				assert.Equal(t, w.drain, d.drain, "step %d: drain", i)
 			}
 		})
 	}

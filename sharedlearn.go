@@ -110,9 +110,12 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
 		s.learnt.put(id, l)
 	}
-	l.meter.add(sig.SentAt, ev == evExhausted, sig.Status != 0 && !sig.throttled())
-	if ev == evExhausted && !hasQ && l.storm.notQuota(&sig, &l.meter) {
-		ev = evOther
+	l.meter.add(sig.SentAt, ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
+	stormStarts := false
+	if ev == evExhausted && !hasQ {
+		if other, entered := l.storm.notQuota(&sig, &l.meter); other {
+			ev, stormStarts = evOther, entered
+		}
 	}
 	l.storm.count(&sig)
 	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
@@ -121,6 +124,8 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	est, hasEst := l.meter.estimate(now, l.rate)
 	call := false
 	switch ev {
+	case evOther:
+		call = stormStarts // the decreases the storm caused were mistaken: undo them
 	case evExhausted:
 		// A bucket refills continuously: a "remaining 0" it answers a
 		// success with holds for one unit only, which the rate does anyway.
@@ -207,7 +212,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		adv, micros(advertisedTTL),
 		flag(ev == evExhausted), flag(sig.throttled()), flag(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices), ago,
 		reset, flag(hasQ && q.HasRemaining && q.Remaining == 0), ra,
-		est, s.usable, micros(probeHold), s.channel(), id, int(q.Kind),
+		est, s.usable, micros(probeHold), s.channel(), id, int(q.Kind), flag(ev == evOther),
 	}
 	keys := s.redisKeys(id)
 	var reply []any

@@ -231,10 +231,10 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	}
 	at = bk.inOrder(at)
 	if !bk.resume.IsZero() && !at.Before(bk.resume) {
-		// A hold has ended: resume at the rate, with one token, not with
-		// the burst the bucket refilled meanwhile.
-		bk.lim = rate.NewLimiter(bk.lim.Limit(), bk.lim.Burst())
-		bk.lim.AllowN(at, bk.lim.Burst()-1)
+		// A hold has ended: resume at the rate, with at most one token, not
+		// with the burst the bucket refilled meanwhile (and never with more
+		// than it holds: turns reserved before stay owed).
+		drainTo(bk.lim, at, 1)
 		bk.resume = time.Time{}
 	}
 	lim := bk.lim
@@ -262,6 +262,14 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 		return grant{}, nil
 	}
 	return g, nil
+}
+
+// drainTo takes tokens from lim at t until it holds at most keep; it never
+// adds any.
+func drainTo(lim *rate.Limiter, t time.Time, keep float64) {
+	if n := int(lim.TokensAt(t) - keep); n > 0 {
+		lim.ReserveN(t, n)
+	}
 }
 
 // bucket returns key's bucket, making a full one if there is none. The
@@ -328,6 +336,18 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	d := bk.ctl.learn(&tb.learn, s)
 	if !d.Hold.IsZero() {
 		bk.resume = maxTime(bk.resume, d.Hold)
+	}
+	if d.drain {
+		// The provider's bucket is empty: so is this one, as of now.
+		drainTo(bk.lim, bk.inOrder(s.Now), 0)
+	}
+	if d.Why == "throttled" {
+		// Turns reserved before the decrease go out at the old rate: the
+		// throttles they meet belong to this episode too.
+		now := bk.inOrder(s.Now)
+		if backlog := -bk.lim.TokensAt(now) / d.Old.PerSecond(); backlog > 0 {
+			bk.ctl.decreased = maxTime(bk.ctl.decreased, now.Add(time.Duration(backlog*float64(time.Second))))
+		}
 	}
 	if d.New != d.Old {
 		bk.lim.SetLimitAt(bk.inOrder(tb.clock.Now()), rate.Limit(d.New.PerSecond()))

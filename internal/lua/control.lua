@@ -25,6 +25,8 @@
 -- ARGV[19] the key's id, sent on the channel as "<id> <hold left in us>"
 -- ARGV[20] what the quota's reset means, as the provider's dialect says:
 --          0 unknown, 1 a window, 2 a bucket (the shape's own values)
+-- ARGV[21] 1 when throttles without counts turned out not to be about the
+--          quota (a storm): the decreases they caused are undone
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape}.
@@ -45,11 +47,14 @@ local advu = tonumber(st[6])
 
 -- The shape, as the dialect says, or from a request sent after a
 -- "remaining 0" and before its reset.
-if shape == 0 and tonumber(ARGV[20]) > 0 then shape = tonumber(ARGV[20]) end
-if zat and zun and sent > zat and sent < zun then
+if tonumber(ARGV[20]) > 0 then
+  shape = tonumber(ARGV[20])
+elseif zat and zun and sent > zat and sent < zun then
   if accepted then
     shape = 2
-  elseif exhausted and throttled then
+  elseif exhausted and throttled and sent - zat >= 1000000 / old then
+    -- refused a unit or more after the zero, when a bucket would have
+    -- refilled one
     shape = 1
   end
 end
@@ -77,7 +82,9 @@ if exhausted then
     if shape == 1 then
       untilus = now + math.max(reset, ra)
     elseif shape == 2 then
-      untilus = now + math.min(reset, unit)
+      -- a success says the bucket is empty: the rate is the wait; a
+      -- refusal holds one unit
+      if throttled then untilus = now + math.min(reset, unit) else untilus = now end
     else
       untilus = now + math.max(ra, math.min(reset, math.max(probe, unit)))
     end
@@ -107,9 +114,16 @@ if exhausted then
     elseif prev and old < prev then
       wmax = old * (1 + beta) / 2
     end
+    -- Turns reserved before the decrease go out at the old rate: the
+    -- throttles they meet belong to this episode too.
+    local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+    local last = tat - math.max(burst, 1) * unit
     redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', math.max(w0, floor)),
-      'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', now))
+      'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
   end
+end
+if ARGV[21] == '1' then
+  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb')
 end
 redis.call('HSET', KEYS[1], 'shape', shape)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
