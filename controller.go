@@ -168,9 +168,10 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		st.learnShape(s, ev, old)
 	}
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
+	stormStarts := false
 	if ev == evExhausted && !hasQ {
 		if other, entered := st.storm.notQuota(s, &st.meter); other {
-			ev = evOther
+			ev, stormStarts = evOther, entered
 			if entered {
 				// The decreases the storm caused were mistaken.
 				st.wmax, st.w0, st.climb = 0, 0, time.Time{}
@@ -223,7 +224,10 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	}
 	if new := st.rate(cfg, now); new != old {
 		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
-		if new < old && ev == evExhausted && s.throttled() {
+		switch {
+		case stormStarts:
+			d.Why = "storm"
+		case new < old && ev == evExhausted && s.throttled():
 			d.Why = "throttled"
 		}
 	}

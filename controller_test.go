@@ -311,9 +311,9 @@ func ctlTables() []ctlTable {
 			},
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
-				{notBefore: 1005*ms + s, rate: 70.2}, // the climb back starts when the hold ends
-				{notBefore: 1200*ms + s, rate: 74.4},
-				{rate: 76.4},
+				{notBefore: 1005*ms + s, rate: 100, why: "storm"}, // the decrease the storm caused is undone
+				{notBefore: 1200*ms + s, rate: 100},
+				{rate: 100},
 			},
 		},
 		{

@@ -178,7 +178,10 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	s.mu.Unlock()
 	if old != new {
 		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
-		if new < old && ev == evExhausted && sig.throttled() {
+		switch {
+		case stormStarts:
+			d.Why = "storm"
+		case new < old && ev == evExhausted && sig.throttled():
 			d.Why = "throttled"
 		}
 	}

@@ -203,8 +203,9 @@ type Observer struct {
 	// retry budget is spent.
 	OnBudgetExhausted func(key string)
 	// OnRateChange is called when a response changes the rate key is held
-	// to; why is "advertised" (the provider stated its limit) or "throttled"
-	// (discovery lowered it). Rates in between, as discovery climbs back,
+	// to; why is "advertised" (the provider stated its limit), "throttled"
+	// (discovery lowered it) or "storm" (throttles thought to be about the
+	// quota were not: the decreases they caused are undone). Rates in between, as discovery climbs back,
 	// are read with the limiter's EffectiveRate.
 	OnRateChange func(key string, old, new Rate, why string)
 }
