@@ -208,6 +208,7 @@ type shared struct {
 	live                 atomic.Int64
 	fallback             atomic.Pointer[fallbackState] // nil in shared mode
 	fallbackShare        atomic.Uint64                 // float64 bits: the fallback's rate over the configured one
+	lastFallback         atomic.Pointer[fallbackState] // the fallback last left, and when
 
 	mu     sync.Mutex
 	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
@@ -219,9 +220,11 @@ type shared struct {
 	once sync.Once
 }
 
-// fallbackState is the local limiter used while Redis is unreachable.
+// fallbackState is the local limiter used while Redis is unreachable, and
+// when it was left (zero while in use).
 type fallbackState struct {
 	limiter Limiter
+	left    time.Time
 }
 
 // pauseMark is a pause heard of: until when, and when it was heard.
@@ -411,10 +414,22 @@ func (s *shared) failed(err error) {
 		share = Rate{n: s.rate.n / float64(live), per: s.rate.per}
 	}
 	s.fallbackShare.Store(math.Float64bits(share.PerSecond() / s.rate.PerSecond()))
-	if s.fallback.CompareAndSwap(nil, &fallbackState{limiter: s.local(share)}) && s.cfg.onFallback != nil {
+	// A fallback left moments ago is taken up again, with what it has
+	// admitted since, rather than a new one with a whole burst: in a
+	// Cluster whose heartbeat key answers while a bucket's master is
+	// down, the limiter would otherwise flap, and burst at every flap.
+	fb := s.lastFallback.Load()
+	if fb == nil || s.clock.Now().Sub(fb.left) > fallbackReuse {
+		fb = &fallbackState{limiter: s.local(share)}
+	}
+	if s.fallback.CompareAndSwap(nil, fb) && s.cfg.onFallback != nil {
 		s.cfg.onFallback(s.name, true, err)
 	}
 }
+
+// fallbackReuse is how long after leaving it a fallback is taken up again
+// as it was.
+const fallbackReuse = 10 * time.Second
 
 // start runs the background goroutine: the heartbeat that counts the fleet
 // and probes Redis while in fallback, and the subscription that hears pauses.
@@ -467,6 +482,11 @@ func (s *shared) subscribe() (*redis.PubSub, <-chan *redis.Message) {
 // beat sends a heartbeat and learns the live count; it also probes Redis:
 // a failure enters fallback, a success leaves it.
 func (s *shared) beat() {
+	if c, ok := s.rdb.(interface{ ReloadState(context.Context) }); ok && s.fallback.Load() != nil {
+		// A Cluster client learns a promoted replica only at its periodic
+		// reload: ask for one while probing.
+		c.ReloadState(context.Background())
+	}
 	var n int64
 	err := s.do(context.Background(), func(ctx context.Context) error {
 		var err error
@@ -478,8 +498,11 @@ func (s *shared) beat() {
 		return
 	}
 	s.live.Store(max(1, n))
-	if s.fallback.Swap(nil) != nil && s.cfg.onFallback != nil {
-		s.cfg.onFallback(s.name, false, nil)
+	if fb := s.fallback.Swap(nil); fb != nil {
+		s.lastFallback.Store(&fallbackState{limiter: fb.limiter, left: s.clock.Now()})
+		if s.cfg.onFallback != nil {
+			s.cfg.onFallback(s.name, false, nil)
+		}
 	}
 }
 

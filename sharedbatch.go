@@ -122,7 +122,21 @@ func (s *shared) lead(id string, l *batchLane) {
 		s.mu.Unlock()
 		if d := due.Sub(s.clock.Now()); d > 0 {
 			t := s.clock.NewTimer(d)
-			<-t.C()
+			select {
+			case <-t.C():
+			case <-s.stop:
+				// Closed: the waiters still queued go to the fallback
+				// rather than wait for a call that will not come.
+				t.Stop()
+				s.mu.Lock()
+				queue := l.queue
+				l.queue, l.leading = nil, false
+				s.mu.Unlock()
+				for _, p := range queue {
+					p.res <- reserved{err: fmt.Errorf("egress: shared limiter %s: closed", s.name)}
+				}
+				return
+			}
 		}
 		s.mu.Lock()
 		n := min(len(l.queue), maxBatch)
