@@ -3,12 +3,14 @@ package egress
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/egress-go/egress/internal/redistest"
 )
@@ -68,4 +70,30 @@ func TestSharedClientClosedFirst(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSharedCloseEndsTheLead: a lead goroutine waiting until shortly
+// before the last turn its process holds (up to 128/rate away) ends at
+// Close, and a waiter still queued behind it returns (through the
+// fallback) instead of hanging.
+func TestSharedCloseEndsTheLead(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	before := goleak.IgnoreCurrent()
+	l, err := NewSharedTokenBucket(rdb, "close-lead", PerSecond(1), 1, WithCommandTimeout(roomyTimeout))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = l.Wait(ctx, "k", 1, 0)
+		}()
+	}
+	require.Eventually(t, func() bool { return l.Stats().Admitted >= 3 }, 2*time.Second, time.Millisecond)
+	cancel()
+	wg.Wait()
+	require.NoError(t, l.Close())
+	goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"))
 }
