@@ -227,10 +227,16 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	if err != nil {
 		return 0, 0, 0, 0, err
 	}
-	var ok1, ok2 bool
+	return parseControl(reply)
+}
+
+// parseControl checks and reads the control script's reply: the rate
+// before and after (strings), the hold left in us, the shape. A malformed
+// reply is an error, never a panic.
+func parseControl(reply []any) (old, new float64, held time.Duration, shp shape, err error) {
 	if len(reply) == 4 {
-		old, ok1 = parseRate(reply[0])
-		new, ok2 = parseRate(reply[1])
+		old, ok1 := parseRate(reply[0])
+		new, ok2 := parseRate(reply[1])
 		h, ok3 := reply[2].(int64)
 		sh, ok4 := reply[3].(int64)
 		if ok1 && ok2 && ok3 && ok4 && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) {
