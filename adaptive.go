@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"errors"
 	"math"
 	"time"
 )
@@ -166,8 +167,10 @@ func (p AdaptivePolicy) withDefaults(op string, configured Rate) (AdaptivePolicy
 	return p, nil
 }
 
-// collectLearn applies opts, which may not be nil, to a learnOptions.
-func collectLearn(op string, opts []LimiterOption) learnOptions {
+// limiterOptions applies a local limiter's options for rate r: the
+// learning settings and the options themselves, or an error naming the
+// first invalid one (a nil option too). op names the constructor.
+func limiterOptions(op string, r Rate, opts []LimiterOption) (learnConfig, learnOptions, error) {
 	var o learnOptions
 	for _, opt := range opts {
 		if opt == nil {
@@ -176,7 +179,11 @@ func collectLearn(op string, opts []LimiterOption) learnOptions {
 		}
 		opt.applyLearn(&o)
 	}
-	return o
+	if err := errors.Join(o.errs...); err != nil {
+		return learnConfig{}, o, err
+	}
+	lc, err := learnSettings(op, r, o)
+	return lc, o, err
 }
 
 // effectiveRate returns the rate of a key with controller state s (nil:

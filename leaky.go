@@ -2,7 +2,6 @@ package egress
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -74,11 +73,7 @@ func NewLeakyBucket(r Rate, queueDepth int, opts ...LimiterOption) (*LeakyBucket
 	if queueDepth < 0 {
 		return nil, configError(op+": queueDepth", queueDepth, "must be at least 0")
 	}
-	o := collectLearn(op, opts)
-	if err := errors.Join(o.errs...); err != nil {
-		return nil, err
-	}
-	lc, err := learnSettings(op, r, o)
+	lc, _, err := limiterOptions(op, r, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package egress
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -93,11 +92,7 @@ func NewTokenBucket(r Rate, burst int, opts ...LimiterOption) (*TokenBucket, err
 	if burst < 1 {
 		return nil, configError(op+": burst", burst, "must be at least 1")
 	}
-	o := collectLearn(op, opts)
-	if err := errors.Join(o.errs...); err != nil {
-		return nil, err
-	}
-	lc, err := learnSettings(op, r, o)
+	lc, o, err := limiterOptions(op, r, opts)
 	if err != nil {
 		return nil, err
 	}
