@@ -116,7 +116,7 @@ func TestLuaMatchesGo(t *testing.T) {
 // per response would cost more than the unit it waits).
 func TestSharedControllerSteps(t *testing.T) {
 	srv := redistest.Start(t)
-	const tolerance = 25 * time.Millisecond
+	const tolerance = 40 * time.Millisecond
 	for i, tc := range ctlTables() {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := []SharedOption{WithCommandTimeout(roomyTimeout)}

@@ -305,14 +305,14 @@ func ctlTables() []ctlTable {
 			name: "a refusal among the first requests after a hold that was obeyed is not about the quota: a storm",
 			steps: []sig{
 				throttle(0, 0, s),
-				throttle(1005*ms, 1001*ms, s), // the first request after the hold: refused
-				throttle(1200*ms, 1190*ms, s), // in the storm: only its request waits
-				ok(1300*ms, 1290*ms),
+				throttle(1100*ms, 1080*ms, s), // the first request after the hold: refused
+				throttle(1300*ms, 1290*ms, s), // in the storm: only its request waits
+				ok(1400*ms, 1390*ms),
 			},
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
-				{notBefore: 1005*ms + s, rate: 100, why: "storm"}, // the decrease the storm caused is undone
-				{notBefore: 1200*ms + s, rate: 100},
+				{notBefore: 1100*ms + s, rate: 100, why: "storm"}, // the decrease the storm caused is undone
+				{notBefore: 1300*ms + s, rate: 100},
 				{rate: 100},
 			},
 		},
