@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
@@ -55,6 +56,15 @@ type scenario struct {
 	provider fakeapi.Config
 	limits   limits
 	duration time.Duration // workers start no call after it
+
+	rateSteps []rateStep  // changes of the provider's rate during the run
+	requests  *requestLog // when set, the provider records every request by its requestIDHeader
+}
+
+// rateStep sets the provider's rate to rate at `at` from the start.
+type rateStep struct {
+	at   time.Duration
+	rate float64
 }
 
 // outcome is what one scenario measured.
@@ -71,6 +81,13 @@ type outcome struct {
 	maxLimitedPerSec int // most 429s received in any 1 s window
 
 	acceptedPerSec, limitedPerSec []int // in each whole second from the start
+
+	start      time.Time   // when the workers started
+	acceptedAt []time.Time // at the provider: when each accepted request was decided
+	limitedAt  []time.Time // at the pods: when each 429 came back
+	succeeded  []time.Time // at the callers: when each successful call returned
+	refused    int         // 429s the provider sent because the limit was reached
+	storms     int         // 429s the provider's storm sent while within the limit
 
 	// At the callers.
 	calls    int // calls made
@@ -94,6 +111,12 @@ func run(t *testing.T, sc scenario) outcome {
 		t.Fatal(err)
 	}
 	t.Cleanup(api.Close) // runs last: after the pods' connections are closed
+	target := api.URL()
+	if sc.requests != nil {
+		front := httptest.NewServer(sc.requests.handler(api))
+		t.Cleanup(front.Close) // runs just before api.Close
+		target = front.URL
+	}
 	var srv *redistest.Server
 	if sc.strategy.redis {
 		srv = redistest.Start(t)
@@ -118,7 +141,7 @@ func run(t *testing.T, sc scenario) outcome {
 	})
 	for _, pl := range sc.load.pods {
 		env := podEnv{
-			url: api.URL(), pods: len(sc.load.pods), limits: sc.limits,
+			url: target, pods: len(sc.load.pods), limits: sc.limits,
 			base: rec.pool(pl.workers), fallback: &fallback,
 		}
 		if srv != nil {
@@ -132,8 +155,10 @@ func run(t *testing.T, sc scenario) outcome {
 	}
 
 	start := time.Now()
-	tl := drive(t.Context(), api.URL(), sc.load, pods, start.Add(sc.duration))
+	stopSteps := schedule(t, api, start, sc.rateSteps)
+	tl := drive(t.Context(), target, sc.load, pods, start.Add(sc.duration))
 	elapsed := time.Since(start)
+	stopSteps()
 
 	st := api.Stats(start)
 	limited := rec.limitedTimes()
@@ -143,12 +168,32 @@ func run(t *testing.T, sc scenario) outcome {
 		acceptedPerSec: st.PerSecond, limitedPerSec: fakeapi.PerWindow(limited, start, time.Second),
 		calls: tl.calls, failed: tl.calls - len(tl.latencies),
 		p50: quantile(tl.latencies, 0.50), p99: quantile(tl.latencies, 0.99),
-		endRate: endRate(pods, api.URL()), fallback: fallback.Load(),
+		endRate: endRate(pods, target), fallback: fallback.Load(),
+		start: start, acceptedAt: st.Arrivals, limitedAt: limited, succeeded: tl.succeeded,
+		refused: st.Refused, storms: st.Storms,
 	}
 	if st.Limited != o.limited {
 		t.Logf("note: the provider answered %d 429s, the pods received %d", st.Limited, o.limited)
 	}
 	return o
+}
+
+// schedule sets the provider's rate at each step's time from start; the
+// returned function cancels the steps not yet taken.
+func schedule(t *testing.T, api *fakeapi.API, start time.Time, steps []rateStep) (stop func()) {
+	var timers []*time.Timer
+	for _, s := range steps {
+		timers = append(timers, time.AfterFunc(time.Until(start.Add(s.at)), func() {
+			if err := api.SetRate(s.rate); err != nil {
+				t.Errorf("setting the provider's rate to %v: %v", s.rate, err)
+			}
+		}))
+	}
+	return func() {
+		for _, tm := range timers {
+			tm.Stop()
+		}
+	}
 }
 
 // endRate is the lowest rate a pod holds the provider's key to, or 0 when
@@ -175,6 +220,7 @@ type tally struct {
 	mu        sync.Mutex
 	calls     int             // guarded by mu
 	latencies []time.Duration // guarded by mu; of the successful calls
+	succeeded []time.Time     // guarded by mu; when each successful call returned
 }
 
 func (t *tally) add(ok bool, d time.Duration) {
@@ -183,6 +229,7 @@ func (t *tally) add(ok bool, d time.Duration) {
 	t.calls++
 	if ok {
 		t.latencies = append(t.latencies, d)
+		t.succeeded = append(t.succeeded, time.Now())
 	}
 }
 
@@ -224,7 +271,8 @@ func work(ctx context.Context, do func(*http.Request) (*http.Response, error), a
 
 // call makes one payment call with its own deadline: a POST of a charge with
 // an Idempotency-Key and a form body that can be sent again, or a GET of a
-// charge. It returns the final status, 0 with an error.
+// charge; either carries key in requestIDHeader, the same on every attempt.
+// It returns the final status, 0 with an error.
 func call(ctx context.Context, do func(*http.Request) (*http.Response, error), apiURL, key string, get bool) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
@@ -245,6 +293,7 @@ func call(ctx context.Context, do func(*http.Request) (*http.Response, error), a
 	if err != nil {
 		return 0, err
 	}
+	req.Header.Set(requestIDHeader, key)
 	resp, err := do(req)
 	if err != nil {
 		return 0, err

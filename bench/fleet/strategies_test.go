@@ -140,26 +140,46 @@ func waitRedisRate(ctx context.Context, lim *redis_rate.Limiter, limit redis_rat
 // the pod's own Redis client, and retries with the default policy.
 func egressStrategy(name string) strategy {
 	return strategy{name: name, redis: true, newPod: func(env podEnv) (pod, error) {
-		shared := []egress.SharedOption{egress.WithFallbackObserver(func(string, bool, error) { env.fallback.Add(1) })}
-		if !env.limits.adaptive {
-			shared = append(shared, egress.WithoutDiscovery())
-		}
-		lim, err := egress.NewSharedTokenBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), env.limits.egressBurst, shared...)
+		lim, err := egress.NewSharedTokenBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), env.limits.egressBurst, sharedOptions(env)...)
 		if err != nil {
 			return pod{}, err
 		}
-		opts := []egress.Option{egress.WithLimiter(lim), egress.WithRetry(egress.RetryPolicy{})}
-		tr, err := egress.New(env.base, opts...)
-		if err != nil {
-			return pod{}, errors.Join(err, lim.Close())
-		}
-		c := &http.Client{Transport: tr}
-		return pod{
-			do:            c.Do,
-			effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() },
-			close:         lim.Close,
-		}, nil
+		return egressPod(env, lim, lim.Close)
 	}}
+}
+
+// sharedOptions are the options of egress's shared limiters: the fallback
+// counted, discovery as the limits say.
+func sharedOptions(env podEnv) []egress.SharedOption {
+	opts := []egress.SharedOption{egress.WithFallbackObserver(func(string, bool, error) { env.fallback.Add(1) })}
+	if !env.limits.adaptive {
+		opts = append(opts, egress.WithoutDiscovery())
+	}
+	return opts
+}
+
+// egressLimiter is what every limiter of egress offers the pod.
+type egressLimiter interface {
+	egress.Limiter
+	EffectiveRate(key string) egress.Rate
+}
+
+// egressPod is a pod that calls through egress with lim and retries with the
+// default policy; closeLim, when not nil, releases lim.
+func egressPod(env podEnv, lim egressLimiter, closeLim func() error) (pod, error) {
+	tr, err := egress.New(env.base, egress.WithLimiter(lim), egress.WithRetry(egress.RetryPolicy{}))
+	if err != nil {
+		if closeLim != nil {
+			err = errors.Join(err, closeLim())
+		}
+		return pod{}, err
+	}
+	c := &http.Client{Transport: tr}
+	return pod{
+		do:            c.Do,
+		effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() },
+		close:         closeLim,
+	}, nil
 }
 
 // naiveRetry is what many clients do: on a 429, send again at once, up to
