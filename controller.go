@@ -165,7 +165,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	if hasQ && q.Kind != ResetKindUnknown {
 		st.shape = shape(q.Kind) // the dialect says what its reset means
 	} else {
-		st.learnShape(s, ev, old)
+		st.learnShape(s)
 	}
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
 	stormStarts := false
@@ -255,18 +255,16 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 
 // learnShape learns what the key's reset means from a response to a request
 // sent after a "remaining 0" and before its reset: accepted, the provider
-// refills continuously (a bucket); refused with nothing left although sent
-// a unit (1/rate) or more after the zero, when a bucket would have refilled
-// one, it waits for the reset (a window).
-func (st *ctlState) learnShape(s *Signal, ev evidence, rate float64) {
+// refills continuously (a bucket). A refusal proves nothing — a bucket
+// refuses too while it is sent to faster than it refills — so a window is
+// known only from its dialect (Quota.Kind); until then the key is held as
+// holdUntil says of an unknown shape.
+func (st *ctlState) learnShape(s *Signal) {
 	if st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
 		return
 	}
-	switch {
-	case s.Status >= 200 && s.Status < 300:
+	if s.Status >= 200 && s.Status < 300 {
 		st.shape = shapeBucket
-	case ev == evExhausted && s.throttled() && s.SentAt.Sub(st.zeroAt).Seconds() >= 1/rate:
-		st.shape = shapeWindow
 	}
 }
 
@@ -306,20 +304,35 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 // decrease lowers the key's rate after a throttle at rate w: to just under
 // the limit the key's recent outcomes show (the share of its requests the
 // provider accepted, times the rate they were sent at), or by beta when
-// there are too few of them; and the climb back aims at that limit (CUBIC's
-// fast convergence when it is below the last aim, RFC 8312 §4.6).
+// there are too few of them (by nearBeta near a limit found before); and
+// the climb back aims at that limit (CUBIC's fast convergence when it is
+// below the last aim, RFC 8312 §4.6).
 func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 	wmax, w0 := w, cfg.beta*w
 	if est, ok := st.meter.estimate(now, w); ok && est < w {
 		wmax = est
 		w0 = est * estimateMargin
-	} else if w < st.wmax {
-		wmax = w * (1 + cfg.beta) / 2
+	} else {
+		if w < st.wmax {
+			wmax = w * (1 + cfg.beta) / 2
+		}
+		if st.wmax > 0 && w < nearLimit*st.wmax {
+			// Near a limit found before: gently.
+			w0 = max(w0, nearBeta*w)
+			wmax = max(wmax, w0)
+		}
 	}
 	st.wmax, st.w0 = wmax, max(w0, cfg.floor)
 	st.decreased = now
 	st.climb = maxTime(now, st.hold)
 }
+
+// Near a limit found before (below nearLimit times the last aim), a
+// decrease without an estimate is by nearBeta, not beta.
+const (
+	nearLimit = 1.25
+	nearBeta  = 0.9
+)
 
 // estimateMargin is how far under its estimate of the limit discovery sets
 // the rate after a throttle: the climb back from there to the estimate

@@ -225,22 +225,24 @@ func TestParseControl(t *testing.T) {
 		reply []any
 		ok    bool
 	}{
-		{"good", []any{"100", "70", int64(1000000), int64(2)}, true},
+		{"good", []any{"100", "70", int64(1000000), int64(2), int64(0)}, true},
+		{"in a storm", []any{"100", "100", int64(0), int64(0), int64(1)}, true},
 		{"nil", nil, false},
-		{"short", []any{"100", "70", int64(0)}, false},
-		{"long", []any{"100", "70", int64(0), int64(0), int64(0)}, false},
-		{"rate not a string", []any{int64(100), "70", int64(0), int64(0)}, false},
-		{"rate garbage", []any{"x", "70", int64(0), int64(0)}, false},
-		{"rate zero", []any{"100", "0", int64(0), int64(0)}, false},
-		{"rate infinite", []any{"100", "inf", int64(0), int64(0)}, false},
-		{"hold negative", []any{"100", "70", int64(-1), int64(0)}, false},
-		{"hold a string", []any{"100", "70", "1", int64(0)}, false},
-		{"shape unknown", []any{"100", "70", int64(0), int64(7)}, false},
-		{"shape negative", []any{"100", "70", int64(0), int64(-1)}, false},
+		{"short", []any{"100", "70", int64(0), int64(0)}, false},
+		{"long", []any{"100", "70", int64(0), int64(0), int64(0), int64(0)}, false},
+		{"rate not a string", []any{int64(100), "70", int64(0), int64(0), int64(0)}, false},
+		{"rate garbage", []any{"x", "70", int64(0), int64(0), int64(0)}, false},
+		{"rate zero", []any{"100", "0", int64(0), int64(0), int64(0)}, false},
+		{"rate infinite", []any{"100", "inf", int64(0), int64(0), int64(0)}, false},
+		{"hold negative", []any{"100", "70", int64(-1), int64(0), int64(0)}, false},
+		{"hold a string", []any{"100", "70", "1", int64(0), int64(0)}, false},
+		{"shape unknown", []any{"100", "70", int64(0), int64(7), int64(0)}, false},
+		{"shape negative", []any{"100", "70", int64(0), int64(-1), int64(0)}, false},
+		{"storm neither 0 nor 1", []any{"100", "70", int64(0), int64(0), int64(2)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
-			require.NotPanics(t, func() { _, _, _, _, err = parseControl(tc.reply) })
+			require.NotPanics(t, func() { _, _, _, _, _, err = parseControl(tc.reply) })
 			assert.Equal(t, tc.ok, err == nil, "%v", err)
 		})
 	}

@@ -84,8 +84,13 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		}
 		r := s.learntRateLocked(id)
 		wait := l.held.Sub(now) + durationOf(after, r)
+		// The queue counts from the end of the key's hold, as the script's.
+		from := now
+		if pm, ok := s.pauses[id]; ok && pm.until.After(from) {
+			from = pm.until
+		}
 		switch {
-		case s.depth >= 0 && wait > durationOf(s.depth, r):
+		case s.depth >= 0 && l.held.Sub(from)+durationOf(after, r) > durationOf(s.depth, r):
 			s.mu.Unlock()
 			return reserved{code: 2, wait: wait}
 		case !p.limit.IsZero() && now.Add(wait).After(p.limit):

@@ -111,6 +111,11 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		s.learnt.put(id, l)
 	}
 	l.meter.add(sig.SentAt, ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
+	// A hold heard from the fleet counts as this instance's own: the first
+	// requests after it tell a storm apart as well.
+	if pm, ok := s.pauses[id]; ok && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
+		l.storm.held(pm.until)
+	}
 	stormStarts := false
 	if ev == evExhausted && !hasQ {
 		if other, entered := l.storm.notQuota(&sig, &l.meter); other {
@@ -147,7 +152,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	if !hasEst {
 		est = 0
 	}
-	old, new, held, shp, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est)
+	old, new, held, shp, stormy, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est)
 	if err != nil {
 		d.Err = fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
 		s.failed(err)
@@ -166,6 +171,9 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	s.mu.Lock()
 	l = s.seenLocked(id, new, now)
 	l.shape = shp
+	if stormy && !now.Before(l.storm.until) {
+		l.storm.until = now.Add(stormTTL) // another instance saw the storm
+	}
 	if held > 0 && !hasQ {
 		l.storm.held(d.Hold)
 	}
@@ -189,7 +197,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 }
 
 // control runs the control script for key id: one round trip.
-func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64) (old, new float64, held time.Duration, shp shape, err error) {
+func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64) (old, new float64, held time.Duration, shp shape, stormy bool, err error) {
 	flag := func(b bool) int {
 		if b {
 			return 1
@@ -216,6 +224,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		flag(ev == evExhausted), flag(sig.throttled()), flag(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices), ago,
 		reset, flag(hasQ && q.HasRemaining && q.Remaining == 0), ra,
 		est, s.usable, micros(probeHold), s.channel(), id, int(q.Kind), flag(ev == evOther),
+		flag(!hasQ), micros(stormTTL),
 	}
 	keys := s.redisKeys(id)
 	var reply []any
@@ -225,25 +234,26 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		return err
 	})
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, false, err
 	}
 	return parseControl(reply)
 }
 
 // parseControl checks and reads the control script's reply: the rate
-// before and after (strings), the hold left in us, the shape. A malformed
-// reply is an error, never a panic.
-func parseControl(reply []any) (old, new float64, held time.Duration, shp shape, err error) {
-	if len(reply) == 4 {
+// before and after (strings), the hold left in us, the shape, whether a
+// storm is believed. A malformed reply is an error, never a panic.
+func parseControl(reply []any) (old, new float64, held time.Duration, shp shape, stormy bool, err error) {
+	if len(reply) == 5 {
 		old, ok1 := parseRate(reply[0])
 		new, ok2 := parseRate(reply[1])
 		h, ok3 := reply[2].(int64)
 		sh, ok4 := reply[3].(int64)
-		if ok1 && ok2 && ok3 && ok4 && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) {
-			return old, new, time.Duration(h) * time.Microsecond, shape(sh), nil
+		st, ok5 := reply[4].(int64)
+		if ok1 && ok2 && ok3 && ok4 && ok5 && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) && (st == 0 || st == 1) {
+			return old, new, time.Duration(h) * time.Microsecond, shape(sh), st == 1, nil
 		}
 	}
-	return 0, 0, 0, 0, fmt.Errorf("malformed reply %v", reply)
+	return 0, 0, 0, 0, false, fmt.Errorf("malformed reply %v", reply)
 }
 
 // fallbackLearn is how the fallback limiter at rate share learns: as this

@@ -26,10 +26,14 @@
 -- ARGV[20] what the quota's reset means, as the provider's dialect says:
 --          0 unknown, 1 a window, 2 a bucket (the shape's own values)
 -- ARGV[21] 1 when throttles without counts turned out not to be about the
---          quota (a storm): the decreases they caused are undone
+--          quota (a storm): the decreases they caused are undone, and for
+--          ARGV[23] us such throttles hold nothing, fleet-wide
+-- ARGV[22] 1 when the response carries no count at all, else 0
+-- ARGV[23] how long a storm is believed, in us
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
--- (0 when the response holds nothing), shape}.
+-- (0 when the response holds nothing), shape, 1 while a storm is believed
+-- (else 0)}.
 local configured, discover, c, floor, beta = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
   tonumber(ARGV[4]), tonumber(ARGV[5])
 local old = effective(KEYS[1], now, configured, discover, c, floor)
@@ -40,23 +44,29 @@ if tonumber(ARGV[11]) >= 0 then sent = now - tonumber(ARGV[11]) end
 local reset, rem0, ra = tonumber(ARGV[12]), ARGV[13] == '1', tonumber(ARGV[14])
 local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu')
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
-local advu = tonumber(st[6])
+local advu, storm = tonumber(st[6]), tonumber(st[7]) or 0
+if ARGV[21] == '1' then
+  -- A storm: the decreases it caused were mistaken.
+  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb')
+  storm = now + tonumber(ARGV[23])
+  redis.call('HSET', KEYS[1], 'storm', string.format('%.0f', storm))
+  prev = nil
+end
+if exhausted and ARGV[22] == '1' and storm > now then
+  -- In a storm, a throttle without counts delays only its own request.
+  exhausted = false
+end
 
 -- The shape, as the dialect says, or from a request sent after a
 -- "remaining 0" and before its reset.
 if tonumber(ARGV[20]) > 0 then
   shape = tonumber(ARGV[20])
 elseif zat and zun and sent > zat and sent < zun then
-  if accepted then
-    shape = 2
-  elseif exhausted and throttled and sent - zat >= 1000000 / old then
-    -- refused a unit or more after the zero, when a bucket would have
-    -- refilled one
-    shape = 1
-  end
+  -- accepted before the reset: a bucket (a refusal proves nothing)
+  if accepted then shape = 2 end
 end
 if adv > 0 then
   redis.call('HSET', KEYS[1], 'adv', string.format('%.17g', adv), 'advu', string.format('%.0f', now + ttl))
@@ -111,8 +121,13 @@ if exhausted then
     local wmax, w0 = old, beta * old
     if est > 0 and est < old then
       wmax, w0 = est, est * 0.92
-    elseif prev and old < prev then
-      wmax = old * (1 + beta) / 2
+    else
+      if prev and old < prev then wmax = old * (1 + beta) / 2 end
+      -- near a limit found before, gently
+      if prev and old < 1.25 * prev then
+        w0 = math.max(w0, 0.9 * old)
+        wmax = math.max(wmax, w0)
+      end
     end
     -- Turns reserved before the decrease go out at the old rate: the
     -- throttles they meet belong to this episode too.
@@ -122,10 +137,9 @@ if exhausted then
       'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
   end
 end
-if ARGV[21] == '1' then
-  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb')
-end
 redis.call('HSET', KEYS[1], 'shape', shape)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, discover, c, floor)
-return {string.format('%.17g', old), string.format('%.17g', new), held, shape}
+local stormy = 0
+if storm > now then stormy = 1 end
+return {string.format('%.17g', old), string.format('%.17g', new), held, shape, stormy}

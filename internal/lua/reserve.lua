@@ -9,8 +9,9 @@
 -- ARGV[2]  the usable burst in cost units (the burst less the jitter
 --          margin; a larger cost waits for the rest); 0 makes a pacer (each request's own cost is
 --          its burst: releases spaced cost/rate apart, never a burst)
--- ARGV[3]  queue depth in cost units: a request whose wait is longer than
---          depth/rate is refused as "queue full"; -1 for none
+-- ARGV[3]  queue depth in cost units: a request whose turn is more than
+--          depth/rate after the end of the key's hold (now, when it has
+--          none) is refused as "queue full"; -1 for none
 -- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
 --          (units per second)
 -- ARGV[7], ARGV[8], ...  pairs of (cost, max wait in us; -1 for none), one
@@ -39,7 +40,9 @@ for i = 7, #ARGV, 2 do
   local newtat, at = turn(tat, start, cost, b, interval)
   local wait = math.ceil(at - now)
   local code = 0
-  if queue >= 0 and wait > queue then
+  -- The queue is counted from the end of the key's hold: a hold alone
+  -- never makes the queue full.
+  if queue >= 0 and at - start > queue then
     code = 2
   elseif maxwait >= 0 and wait > maxwait then
     code = 1
