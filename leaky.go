@@ -45,7 +45,8 @@ type LeakyBucket struct {
 type lane struct {
 	next   time.Time    // the earliest time the next release may happen
 	queue  []*waiter    // waiting requests, in order of arrival; queue[0] is the head
-	queued int          // the sum of the costs in queue
+	queued int          // the sum of the costs of the waiters in queue not gone
+	tombs  int          // waiters in queue that are gone (left, not yet dropped)
 	ctl    *ctlState    // nil while the key has learnt nothing
 	learn  *learnConfig // the limiter's
 }
@@ -53,6 +54,7 @@ type lane struct {
 // waiter is a request in a lane's queue. Only its own goroutine releases it.
 type waiter struct {
 	cost int
+	gone bool // left the queue unreleased; guarded by the bucket's mu
 	head chan struct{} // closed when the waiter becomes the head of the queue
 }
 
@@ -187,22 +189,45 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 	return 0, at, true
 }
 
-// leave takes w out of key's queue, unreleased.
+// leave takes w out of key's queue, unreleased, in constant time: a waiter
+// behind the head is marked gone (its cost no longer counts) and dropped
+// when it reaches the head, so that ten thousand waiters cancelled at once
+// leave in linear time, not quadratic.
 func (lb *LeakyBucket) leave(key string, w *waiter) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	l := lb.lanes.m[key]
-	if i := slices.Index(l.queue, w); i >= 0 {
-		l.pop(i)
+	if w.gone {
+		return
+	}
+	if len(l.queue) > 0 && l.queue[0] == w {
+		l.pop(0)
+		return
+	}
+	w.gone = true
+	l.queued -= w.cost
+	l.tombs++
+	if l.tombs > 64 && l.tombs > len(l.queue)/2 {
+		l.queue = slices.DeleteFunc(l.queue, func(w *waiter) bool { return w.gone })
+		l.tombs = 0
 	}
 }
 
-// pop removes the waiter at i and wakes the new head.
+// pop removes the head, drops the gone waiters behind it, and wakes the new
+// head. i must be 0: only the head leaves by pop.
 func (l *lane) pop(i int) {
 	l.queued -= l.queue[i].cost
-	l.queue = slices.Delete(l.queue, i, i+1)
-	if i == 0 && len(l.queue) > 0 {
+	l.queue[0] = nil
+	l.queue = l.queue[1:]
+	for len(l.queue) > 0 && l.queue[0].gone {
+		l.queue[0] = nil
+		l.queue = l.queue[1:]
+		l.tombs--
+	}
+	if len(l.queue) > 0 {
 		close(l.queue[0].head)
+	} else {
+		l.queue = nil // release the array once the queue is empty
 	}
 }
 

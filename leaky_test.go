@@ -14,11 +14,13 @@ import (
 )
 
 // leakyQueueLen returns how many waiters key's queue holds.
+// leakyQueueLen returns how many waiters of key are queued, not counting
+// those gone (marked on leaving, dropped when they reach the head).
 func leakyQueueLen(lb *LeakyBucket, key string) int {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	if l, ok := lb.lanes.m[key]; ok {
-		return len(l.queue)
+		return len(l.queue) - l.tombs
 	}
 	return 0
 }

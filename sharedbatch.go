@@ -38,6 +38,7 @@ func (l *batchLane) atRest(now time.Time) bool {
 
 // pending is one waiter's request.
 type pending struct {
+	gone  bool // its waiter left before the call; guarded by the shared limiter's mu
 	cost  int
 	limit time.Time     // the latest turn it accepts; zero for none
 	res   chan reserved // buffered: the one result
@@ -108,10 +109,10 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 	case r := <-p.res:
 		return r
 	case <-ctx.Done():
+		// Marked, not searched for: the lead drops it, so that many
+		// waiters cancelled at once leave in linear time.
 		s.mu.Lock()
-		if i := slices.Index(l.queue, p); i >= 0 {
-			l.queue = slices.Delete(l.queue, i, i+1)
-		}
+		p.gone = true
 		s.mu.Unlock()
 		return reserved{err: ctx.Err()}
 	}
@@ -144,13 +145,26 @@ func (s *shared) lead(id string, l *batchLane) {
 			}
 		}
 		s.mu.Lock()
-		n := min(len(l.queue), maxBatch)
-		batch := slices.Clone(l.queue[:n])
-		l.queue = slices.Delete(l.queue, 0, n)
-		if n == 0 {
-			l.leading = false
+		var batch []*pending
+		taken := 0
+		for _, p := range l.queue {
+			if len(batch) == maxBatch {
+				break
+			}
+			taken++
+			if !p.gone {
+				batch = append(batch, p)
+			}
+		}
+		l.queue = slices.Delete(l.queue, 0, taken)
+		if len(batch) == 0 {
+			if len(l.queue) == 0 {
+				l.leading = false
+				s.mu.Unlock()
+				return
+			}
 			s.mu.Unlock()
-			return
+			continue
 		}
 		s.mu.Unlock()
 

@@ -27,13 +27,12 @@ const (
 	// 2-8 KiB, more under -race.
 	waiterMemBound = 32 << 10
 	// cancelBound is how soon after their context ends every waiter must
-	// have returned, on a loaded 2-core machine under -race. The leaky
-	// bucket and the shared limiters take a leaving waiter out of the key's
-	// queue by a linear search under the limiter's mutex, O(n) each and
-	// O(n²) for all: without -race the 10,000 return within about 35 ms,
-	// under -race in about 0.7 s on an idle 2-core machine (the token
-	// bucket: 10 and 80 ms). The bound leaves room for a loaded one.
-	cancelBound = 2 * time.Second
+	// have returned, on a loaded 2-core machine under -race. A leaving
+	// waiter is marked, not searched for, so all leave in linear time:
+	// without -race the 10,000 return within about 15 ms, under -race in
+	// 40-80 ms on an idle 2-core machine. The bound leaves room for a
+	// loaded one.
+	cancelBound = 500 * time.Millisecond
 	// settleTimeout bounds the wait for the waiters to park.
 	settleTimeout = 20 * time.Second
 )
