@@ -54,7 +54,7 @@ type lane struct {
 // waiter is a request in a lane's queue. Only its own goroutine releases it.
 type waiter struct {
 	cost int
-	gone bool // left the queue unreleased; guarded by the bucket's mu
+	gone bool          // left the queue unreleased; guarded by the bucket's mu
 	head chan struct{} // closed when the waiter becomes the head of the queue
 }
 
