@@ -170,7 +170,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
 	stormStarts := false
 	if ev == evExhausted && !hasQ {
-		if other, entered := st.storm.notQuota(s, &st.meter); other {
+		if other, entered := st.storm.notQuota(s, &st.meter, old); other {
 			ev, stormStarts = evOther, entered
 			if entered {
 				// The decreases the storm caused were mistaken.
@@ -316,7 +316,7 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 		if w < st.wmax {
 			wmax = w * (1 + cfg.beta) / 2
 		}
-		if st.wmax > 0 && w < nearLimit*st.wmax {
+		if st.shape == shapeBucket && st.wmax > 0 && w > nearLow*st.wmax && w < nearLimit*st.wmax {
 			// Near a limit found before: gently.
 			w0 = max(w0, nearBeta*w)
 			wmax = max(wmax, w0)
@@ -327,9 +327,14 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 	st.climb = maxTime(now, st.hold)
 }
 
-// Near a limit found before (below nearLimit times the last aim), a
-// decrease without an estimate is by nearBeta, not beta.
+// Near a limit found before (between nearLow and nearLimit times the last
+// aim: the rate climbed back to it), from a provider whose counts show a
+// bucket (a refusal then holds the key for one unit only), a decrease
+// without an estimate is by nearBeta, not beta. Where a refusal holds the
+// key for its Retry-After, a deep decrease and a long climb back cost less
+// than many shallow ones.
 const (
+	nearLow   = 0.9
 	nearLimit = 1.25
 	nearBeta  = 0.9
 )
@@ -367,8 +372,8 @@ func (m *meter) add(sent time.Time, refused, accepted bool) {
 }
 
 // refusedShare returns the share of the last second's outcomes that were
-// refusals, and ok false when they are too few to tell.
-func (m *meter) refusedShare(now time.Time) (float64, bool) {
+// refusals, and how many outcomes there were.
+func (m *meter) refusedShare(now time.Time) (float64, int) {
 	n := now.UnixNano() / int64(meterSlot)
 	var acc, ref int32
 	for i, s := range m.slot {
@@ -376,10 +381,10 @@ func (m *meter) refusedShare(now time.Time) (float64, bool) {
 			acc, ref = acc+m.accepted[i], ref+m.refused[i]
 		}
 	}
-	if acc+ref < minEstimateSamples {
-		return 0, false
+	if acc+ref == 0 {
+		return 0, 0
 	}
-	return float64(ref) / float64(acc+ref), true
+	return float64(ref) / float64(acc+ref), int(acc + ref)
 }
 
 // storm tells throttles that carry no count and are not about the caller's
@@ -396,14 +401,16 @@ type storm struct {
 	until   time.Time // throttles without counts are not about the quota until then
 }
 
-// stormFirst is how many of the first requests after a hold a refusal
-// among marks the throttles as a storm; stormTTL is how long that belief
-// lasts without new evidence; stormExit is the share of refusals that ends
-// it.
+// stormFirst is how many of the first requests after a hold (by count, and
+// by time at the key's rate) a refusal among marks the throttles as a
+// storm; stormTTL is how long that belief lasts without new evidence;
+// stormExit is the share of refusals, over at least stormExitSamples
+// outcomes in the last second, that ends it.
 const (
-	stormFirst = 2
-	stormTTL   = time.Minute
-	stormExit  = 0.5
+	stormFirst       = 2
+	stormTTL         = time.Minute
+	stormExit        = 0.6
+	stormExitSamples = 20
 )
 
 // held records a hold that a throttle without counts set.
@@ -418,18 +425,24 @@ func (st *storm) count(s *Signal) {
 
 // notQuota reports whether s, a throttle without counts, is not about the
 // key's quota (other), learning from it, and whether it is the first sign
-// of a storm (entered): the rate decreases made before were mistaken.
-func (st *storm) notQuota(s *Signal, m *meter) (other, entered bool) {
+// of a storm (entered): the rate decreases made before were mistaken. rate
+// is the key's rate: a request sent within stormFirst units of it after the
+// hold ended is among the first the provider saw after its wait (by time,
+// not by this instance's count, so that a fleet counts alike).
+func (st *storm) notQuota(s *Signal, m *meter, rate float64) (other, entered bool) {
 	now := s.Now
 	if now.Before(st.until) {
-		if share, ok := m.refusedShare(now); ok && share >= stormExit {
+		if share, n := m.refusedShare(now); n >= stormExitSamples && share >= stormExit {
 			st.until = time.Time{}
 			return false, false
 		}
 		st.until = now.Add(stormTTL)
 		return true, false
 	}
-	if !st.holdEnd.IsZero() && !s.SentAt.Before(st.holdEnd) && st.after < stormFirst {
+	first := time.Duration(stormFirst / rate * float64(time.Second))
+	// (Sent a little before the end as this instance measured it counts
+	// too: a fleet's hold ends on Redis's clock, heard a round trip late.)
+	if since := s.SentAt.Sub(st.holdEnd); !st.holdEnd.IsZero() && since > -first && since < first && st.after < stormFirst {
 		st.until = now.Add(stormTTL)
 		return true, true
 	}

@@ -118,7 +118,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	}
 	stormStarts := false
 	if ev == evExhausted && !hasQ {
-		if other, entered := l.storm.notQuota(&sig, &l.meter); other {
+		if other, entered := l.storm.notQuota(&sig, &l.meter, l.rate); other {
 			ev, stormStarts = evOther, entered
 		}
 	}

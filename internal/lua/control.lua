@@ -124,7 +124,7 @@ if exhausted then
     else
       if prev and old < prev then wmax = old * (1 + beta) / 2 end
       -- near a limit found before, gently
-      if prev and old < 1.25 * prev then
+      if shape == 2 and prev and old > 0.9 * prev and old < 1.25 * prev then
         w0 = math.max(w0, 0.9 * old)
         wmax = math.max(wmax, w0)
       end
