@@ -41,7 +41,7 @@ type adpInstance struct {
 	adj    interface{ EffectiveRate(key string) Rate }
 	tr     *Transport
 	client *http.Client
-	rec    *rateChanges
+	rec    *obsRecorder
 }
 
 // adpFleet builds n instances sharing the limiter name in srv, at the
@@ -60,7 +60,7 @@ func adpFleet(t *testing.T, srv *redistest.Server, name string, n, burst int, op
 // adpNewInstance wraps l in a Transport with WithRetry and opts.
 func adpNewInstance(t *testing.T, l Limiter, opts ...Option) *adpInstance {
 	t.Helper()
-	rec := &rateChanges{}
+	rec := &obsRecorder{}
 	base := &http.Transport{MaxIdleConnsPerHost: adpWorkers * 2}
 	t.Cleanup(base.CloseIdleConnections) // before the provider closes
 	all := append([]Option{WithLimiter(l), WithRetry(RetryPolicy{MaxAttempts: 3}), WithObserver(rec.observer())}, opts...)
@@ -200,7 +200,7 @@ func (r adpRun) log(t *testing.T, fleet []*adpInstance, key string) {
 	t.Logf("total: accepted %d, 429 %d, other %d; max in any 1 s window %d; final statuses at the clients %v; refused at the end %d",
 		r.stats.Accepted, r.stats.Limited, r.stats.Unavailable+r.stats.Other, r.stats.MaxPerSecond, r.final, r.refused)
 	for i, in := range fleet {
-		changes := in.rec.get()
+		changes := in.rec.rateLog()
 		desc := make([]string, 0, len(changes))
 		for _, c := range changes {
 			desc = append(desc, fmt.Sprintf("%.1f→%.1f %s", c.old.PerSecond(), c.new.PerSecond(), c.why))
@@ -260,7 +260,7 @@ func TestAdaptiveFleetAdvertised(t *testing.T) {
 	calls := 0
 	for i, in := range fleet {
 		assert.Equal(t, PerSecond(50), in.adj.EffectiveRate(key), "instance %d", i)
-		got := in.rec.get()
+		got := in.rec.rateLog()
 		assert.LessOrEqual(t, len(got), 1, "instance %d: once, not on every response: %v", i, got)
 		for _, c := range got {
 			assert.Equal(t, rateChange{key, PerSecond(100), PerSecond(50), "advertised"}, c)
@@ -404,7 +404,7 @@ func TestAdaptiveFleetOff(t *testing.T) {
 	require.Positive(t, r.stats.Limited, "the provider did throttle")
 	for i, in := range fleet {
 		assert.Equal(t, PerSecond(adpRate), in.adj.EffectiveRate(key), "instance %d", i)
-		assert.Empty(t, in.rec.get(), "instance %d: OnRateChange", i)
+		assert.Empty(t, in.rec.rateLog(), "instance %d: OnRateChange", i)
 	}
 	for s, got := range r.rates {
 		assert.Equal(t, float64(adpRate), got, "second %d", s+1)

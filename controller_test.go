@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -526,48 +525,9 @@ func TestLeakyBucketHolds(t *testing.T) {
 
 // ---- through the Transport ----
 
-// rateChanges records the calls of Observer.OnRateChange.
-type rateChanges struct {
-	mu    sync.Mutex
-	calls []rateChange
-}
-
-type rateChange struct {
-	key      string
-	old, new Rate
-	why      string
-}
-
-func (r *rateChanges) observer() Observer {
-	return Observer{OnRateChange: func(key string, old, new Rate, why string) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		r.calls = append(r.calls, rateChange{key, old, new, why})
-	}}
-}
-
-func (r *rateChanges) get() []rateChange {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]rateChange(nil), r.calls...)
-}
-
-// ctlServer answers every request with status and the headers h.
-func ctlServer(t *testing.T, status int, h http.Header) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		for k, v := range h {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(status)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 // ctlGet sends n GETs to srv through tr, one after the other, and returns
 // their statuses.
-func ctlGet(t *testing.T, tr *Transport, srv *httptest.Server, n int) []int {
+func ctlGet(t *testing.T, tr *Transport, srv *recServer, n int) []int {
 	t.Helper()
 	c := &http.Client{Transport: tr}
 	t.Cleanup(c.CloseIdleConnections)
@@ -581,41 +541,39 @@ func ctlGet(t *testing.T, tr *Transport, srv *httptest.Server, n int) []int {
 	return got
 }
 
-func ctlKey(srv *httptest.Server) string { return srv.Listener.Addr().String() }
-
 func TestTransportBelievesAdvertisedLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		header http.Header
+		header []string
 		opts   []LimiterOption
 		want   float64 // the rate after; 100 for no change
 	}{
-		{"RateLimit-Policy", http.Header{"Ratelimit-Policy": {`"default";q=50;w=1`}}, nil, 50},
-		{"RateLimit-Policy per minute", http.Header{"Ratelimit-Policy": {`"default";q=3000;w=60`}}, nil, 50},
-		{"RateLimit-Limit with a window", http.Header{"Ratelimit-Limit": {"50;w=1"}}, nil, 50},
-		{"the lowest policy wins", http.Header{"Ratelimit-Policy": {`"burst";q=100;w=1, "day";q=8640000;w=86400, "min";q=2400;w=60`}}, nil, 40},
-		{"X-RateLimit-Limit without a window", http.Header{"X-Ratelimit-Limit": {"50"}}, nil, 100},
-		{"advertised above the configured rate", http.Header{"Ratelimit-Policy": {`"default";q=200;w=1`}}, nil, 100},
-		{"WithoutAdvertisedLimits", http.Header{"Ratelimit-Policy": {`"default";q=50;w=1`}}, []LimiterOption{WithoutAdvertisedLimits()}, 100},
+		{"RateLimit-Policy", []string{"Ratelimit-Policy", `"default";q=50;w=1`}, nil, 50},
+		{"RateLimit-Policy per minute", []string{"Ratelimit-Policy", `"default";q=3000;w=60`}, nil, 50},
+		{"RateLimit-Limit with a window", []string{"Ratelimit-Limit", "50;w=1"}, nil, 50},
+		{"the lowest policy wins", []string{"Ratelimit-Policy", `"burst";q=100;w=1, "day";q=8640000;w=86400, "min";q=2400;w=60`}, nil, 40},
+		{"X-RateLimit-Limit without a window", []string{"X-Ratelimit-Limit", "50"}, nil, 100},
+		{"advertised above the configured rate", []string{"Ratelimit-Policy", `"default";q=200;w=1`}, nil, 100},
+		{"WithoutAdvertisedLimits", []string{"Ratelimit-Policy", `"default";q=50;w=1`}, []LimiterOption{WithoutAdvertisedLimits()}, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := ctlServer(t, http.StatusOK, tc.header)
+			srv := newRecServer(t, rtyScript(rtyA(http.StatusOK, tc.header...)))
 			for _, l := range []interface {
 				Limiter
 				EffectiveRate(string) Rate
 			}{mustTB(t, PerSecond(100), 20, tc.opts...), mustLB(t, PerSecond(100), 20, tc.opts...)} {
-				var rec rateChanges
-				tr := mustNewTransport(t, srv.Client().Transport, WithLimiter(l), WithObserver(rec.observer()))
+				var rec obsRecorder
+				tr := mustNewTransport(t, srv.base(), WithLimiter(l), WithObserver(rec.observer()))
 				for _, code := range ctlGet(t, tr, srv, 5) {
 					require.Equal(t, http.StatusOK, code)
 				}
-				key := ctlKey(srv)
+				key := srv.host()
 				if tc.want == 100 {
-					assert.Empty(t, rec.get())
+					assert.Empty(t, rec.rateLog())
 					assert.Equal(t, PerSecond(100), l.EffectiveRate(key))
 					continue
 				}
-				assert.Equal(t, []rateChange{{key, PerSecond(100), PerSecond(tc.want), "advertised"}}, rec.get(),
+				assert.Equal(t, []rateChange{{key, PerSecond(100), PerSecond(tc.want), "advertised"}}, rec.rateLog(),
 					"one change, not one a response")
 				assert.Equal(t, PerSecond(tc.want), l.EffectiveRate(key))
 			}
@@ -642,28 +600,21 @@ func mustLB(t *testing.T, r Rate, depth int, opts ...LimiterOption) *LeakyBucket
 // throttled request waits its Retry-After; the others go on at once, and
 // the rate is not lowered.
 func TestTransportNotAboutTheQuota(t *testing.T) {
-	var n atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("RateLimit", `"default";r=50;t=1`)
-		if n.Add(1) == 1 {
-			w.Header().Set("Retry-After", "30")
-			w.WriteHeader(http.StatusTooManyRequests)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(srv.Close)
+	srv := newRecServer(t, rtyScript(
+		rtyA(http.StatusTooManyRequests, "RateLimit", `"default";r=50;t=1`, "Retry-After", "30"),
+		rtyA(http.StatusOK, "RateLimit", `"default";r=50;t=1`),
+	))
 	tb := mustTB(t, PerSecond(100), 20)
-	var rec rateChanges
-	tr := mustNewTransport(t, srv.Client().Transport, WithLimiter(tb), WithObserver(rec.observer()))
+	var rec obsRecorder
+	tr := mustNewTransport(t, srv.base(), WithLimiter(tb), WithObserver(rec.observer()))
 	start := time.Now()
 	assert.Equal(t, []int{429, 200, 200, 200}, ctlGet(t, tr, srv, 4), "without retries, the 429 comes back")
 	assert.Less(t, time.Since(start), 5*time.Second, "the key was not held for 30 s")
-	assert.Empty(t, rec.get(), "the rate was not lowered")
-	assert.Equal(t, PerSecond(100), tb.EffectiveRate(ctlKey(srv)))
+	assert.Empty(t, rec.rateLog(), "the rate was not lowered")
+	assert.Equal(t, PerSecond(100), tb.EffectiveRate(srv.host()))
 }
 
-// TestTransportBillingErrorIsNotRetried: a 429 the provider marks as a
+// TestTransportProviderSaysDoNotRetry: a 429 the provider marks as a
 // billing error, or says not to retry, comes back at once.
 func TestTransportProviderSaysDoNotRetry(t *testing.T) {
 	for _, tc := range []struct {

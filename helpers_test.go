@@ -296,6 +296,14 @@ type obsRecorder struct {
 	retries   []obsRetry
 	cooldowns []obsCooldown
 	exhausted []string
+	rates     []rateChange
+}
+
+// rateChange is one call of Observer.OnRateChange.
+type rateChange struct {
+	key      string
+	old, new Rate
+	why      string
 }
 
 type obsWait struct {
@@ -362,7 +370,19 @@ func (r *obsRecorder) observer() Observer {
 			defer r.mu.Unlock()
 			r.exhausted = append(r.exhausted, key)
 		},
+		OnRateChange: func(key string, old, new Rate, why string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.rates = append(r.rates, rateChange{key, old, new, why})
+		},
 	}
+}
+
+// rateLog returns the rate changes recorded so far.
+func (r *obsRecorder) rateLog() []rateChange {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]rateChange(nil), r.rates...)
 }
 
 // snapshot returns copies of the waits, rejects and sends recorded so far.
