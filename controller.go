@@ -72,7 +72,7 @@ type shape uint8
 
 const (
 	// shapeUnknown: nothing learnt yet. A "remaining 0" holds the key
-	// briefly (probeHold) and the next request tells.
+	// briefly (probeHold); an acceptance before the reset shows a bucket.
 	shapeUnknown shape = iota
 	// shapeWindow: the quota comes back at the reset, all at once.
 	shapeWindow
@@ -151,8 +151,8 @@ const (
 )
 
 // probeHold is how long a "remaining 0" holds a key whose reset's meaning
-// is not known yet, when that is shorter than the reset: the next request
-// then tells a bucket (accepted) from a window (refused).
+// is not known yet, when that is shorter than the reset: a request accepted
+// after it, before the reset, shows a bucket (see learnShape).
 const probeHold = 100 * time.Millisecond
 
 // learn applies the signal s at s.Now to the key's state and decides.

@@ -499,9 +499,15 @@ func StartCluster(t testing.TB) *Cluster {
 // StartCluster are closed before the nodes stop.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
+	return clusterClient(t, c.Addrs)
+}
+
+// clusterClient returns a go-redis cluster client seeded with addrs, with
+// the timeouts of Server.Client, that t.Cleanup closes.
+func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
 	var d dialer
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:                    c.Addrs,
+		Addrs:                    addrs,
 		Dialer:                   d.dial,
 		DialerRetries:            1,
 		DialerRetryTimeout:       time.Millisecond,

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 const (
@@ -412,26 +411,7 @@ func (c *ReplicatedCluster) healed(dead []string) error {
 // StartReplicatedCluster are closed before the nodes stop.
 func (c *ReplicatedCluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	var d dialer
-	cc := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:                    c.Addrs,
-		Dialer:                   d.dial,
-		DialerRetries:            1,
-		DialerRetryTimeout:       time.Millisecond,
-		MinRetryBackoff:          time.Millisecond,
-		MaxRetryBackoff:          10 * time.Millisecond,
-		DialTimeout:              clientTimeout,
-		ReadTimeout:              clientTimeout,
-		WriteTimeout:             clientTimeout,
-		ContextTimeoutEnabled:    true,
-		PoolSize:                 clientPool,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	t.Cleanup(func() {
-		_ = cc.Close()
-		d.waitRedialer()
-	})
-	return cc
+	return clusterClient(t, c.Addrs)
 }
 
 // waitInfo polls INFO section on addr until it has the line want.
