@@ -3,7 +3,6 @@ package egress
 import (
 	"context"
 	"math"
-	"net/http"
 	"time"
 )
 
@@ -481,9 +480,4 @@ func defaultLearn(r Rate) learnConfig {
 		configured: r.PerSecond(), discover: true, advertise: true,
 		beta: defaultBeta, c: defaultC, floor: r.PerSecond() / 10,
 	}
-}
-
-// statusThrottles reports whether a status may be a throttle.
-func statusThrottles(code int) bool {
-	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
 }
