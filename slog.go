@@ -1,0 +1,124 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// SlogObserver returns an Observer that logs through l what a Transport
+// does that an operator may want to read:
+//
+//   - Warn: a key paused by a response (OnCooldown: a 429's Retry-After or
+//     an exhausted quota; the fleet's requests of the key wait until then)
+//     and a retry given up because the retry budget is spent;
+//   - Info: a request refused without being sent (OnReject), and a key's
+//     rate changed by what the provider said (OnRateChange);
+//   - Debug: a request that waited for capacity (OnWait) and a retry about
+//     to be made (OnRetry).
+//
+// Each record carries the key as "key", and the facts of its hook (the
+// wait, the refusal's reason, the pause's end, ...). A hook whose level l
+// does not enable returns at once and allocates nothing, so the Observer
+// may stay installed in production at Info. OnSent is not set: a line per
+// request is for a tracer, not a log. A nil l logs to slog.Default() as it
+// is when SlogObserver is called. The Observer is safe for concurrent use
+// when l's handler is, as slog's handlers are.
+//
+// Pair it with SlogFallbackObserver for a shared limiter's switches to its
+// local fallback, and with other observers through Observers.
+func SlogObserver(l *slog.Logger) Observer {
+	if l == nil {
+		l = slog.Default()
+	}
+	ctx := context.Background()
+	return Observer{
+		OnWait: func(key string, waited time.Duration) {
+			if !l.Enabled(ctx, slog.LevelDebug) {
+				return
+			}
+			l.LogAttrs(ctx, slog.LevelDebug, "egress: waited for capacity",
+				slog.String("key", key), slog.Duration("waited", waited))
+		},
+		OnReject: func(key string, err error) {
+			if !l.Enabled(ctx, slog.LevelInfo) {
+				return
+			}
+			var le *LimitError
+			if errors.As(err, &le) {
+				l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
+					slog.String("key", key), slog.String("reason", le.Reason.String()),
+					slog.Duration("wait", le.Wait), slog.Int("cost", le.Cost))
+				return
+			}
+			l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
+				slog.String("key", key), slog.String("error", err.Error()))
+		},
+		OnRetry: func(key string, attempt int, delay time.Duration, status int, err error) {
+			if !l.Enabled(ctx, slog.LevelDebug) {
+				return
+			}
+			attrs := []slog.Attr{slog.String("key", key), slog.Int("attempt", attempt),
+				slog.Duration("delay", delay), slog.Int("status", status)}
+			if err != nil {
+				attrs = append(attrs, slog.String("error", err.Error()))
+			}
+			l.LogAttrs(ctx, slog.LevelDebug, "egress: retrying", attrs...)
+		},
+		OnCooldown: func(key string, until time.Time, err error) {
+			if !l.Enabled(ctx, slog.LevelWarn) {
+				return
+			}
+			attrs := []slog.Attr{slog.String("key", key), slog.Time("until", until),
+				slog.Duration("for", time.Until(until).Round(time.Millisecond))}
+			if err != nil {
+				attrs = append(attrs, slog.String("error", err.Error()))
+			}
+			l.LogAttrs(ctx, slog.LevelWarn, "egress: key paused by the provider", attrs...)
+		},
+		OnBudgetExhausted: func(key string) {
+			if !l.Enabled(ctx, slog.LevelWarn) {
+				return
+			}
+			l.LogAttrs(ctx, slog.LevelWarn, "egress: retry budget exhausted, retry not made",
+				slog.String("key", key))
+		},
+		OnRateChange: func(key string, old, new Rate, why string) {
+			if !l.Enabled(ctx, slog.LevelInfo) {
+				return
+			}
+			l.LogAttrs(ctx, slog.LevelInfo, "egress: rate changed",
+				slog.String("key", key), slog.String("old", old.String()),
+				slog.String("new", new.String()), slog.String("why", why))
+		},
+	}
+}
+
+// SlogFallbackObserver returns a hook for WithFallbackObserver that logs at
+// Warn, through l, each switch of a shared limiter to its local fallback
+// (with the Redis error) and back to shared mode. A nil l logs to
+// slog.Default() as it is when SlogFallbackObserver is called. When Warn is
+// not enabled the hook returns at once and allocates nothing.
+func SlogFallbackObserver(l *slog.Logger) func(name string, active bool, err error) {
+	if l == nil {
+		l = slog.Default()
+	}
+	ctx := context.Background()
+	return func(name string, active bool, err error) {
+		if !l.Enabled(ctx, slog.LevelWarn) {
+			return
+		}
+		if !active {
+			l.LogAttrs(ctx, slog.LevelWarn, "egress: shared limiter back in shared mode",
+				slog.String("limiter", name))
+			return
+		}
+		msg := "egress: shared limiter fell back to its local limiter"
+		if err == nil {
+			l.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("limiter", name))
+			return
+		}
+		l.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("limiter", name), slog.String("error", err.Error()))
+	}
+}
