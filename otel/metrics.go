@@ -124,10 +124,10 @@ func (m *Metrics) instruments(meter metric.Meter) error {
 	m.switches = counter("egress.fallback.switches", "{switch}", "Switches of a shared limiter to its local fallback (egress.fallback.active=true) and back.")
 	g := []metric.Float64ObservableGauge{
 		gauge("egress.rate.effective", "1/s", "The rate each key is held to now, in cost units per second (through ObserveRates)."),
-		gauge("egress.fallback.active", "1", "1 while a shared limiter runs on its local fallback because Redis is unreachable, else 0 (through ObserveShared)."),
+		gauge("egress.fallback.active", "", "1 while a shared limiter runs on its local fallback because Redis is unreachable, else 0 (through ObserveShared)."),
 		gauge("egress.fleet.instances", "{instance}", "Instances of a shared limiter last counted in Redis (through ObserveShared)."),
-		gauge("egress.provider.remaining", "1", "The provider's last reported remaining quota of each key, by dimension (through Limiter)."),
-		gauge("egress.provider.limit", "1", "The provider's last reported quota limit of each key, by dimension (through Limiter)."),
+		gauge("egress.provider.remaining", "{unit}", "The provider's last reported remaining quota of each key, by dimension (through Limiter)."),
+		gauge("egress.provider.limit", "{unit}", "The provider's last reported quota limit of each key, by dimension (through Limiter)."),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
