@@ -48,3 +48,9 @@ bench:
 .PHONY: soak
 soak: setup
 	EGRESS_SOAK=1 $(GO) test -race -count=1 -timeout 5m -run '^TestChaosSoak$$' -v ./internal/soak/
+
+# The OpenTelemetry adapter is its own module (egress itself does not depend
+# on OpenTelemetry), so go test ./... above does not reach it.
+.PHONY: otel
+otel:
+	cd otel && $(GO) vet ./... && $(GO) test -race -count=1 ./...
