@@ -18,6 +18,12 @@ type Signal struct {
 	// Status is the response's status code; 0 when the attempt failed
 	// without a response.
 	Status int
+	// InFlight is how many other requests of the key the Transport had
+	// sent and had no response to when this response was read. The
+	// provider's Remaining does not count them yet: they will spend it.
+	// (A shared limiter's fleet has more in flight than one Transport
+	// sees.)
+	InFlight int
 	// Host is the host the request was sent to (its URL's host, with any
 	// port); per-host settings such as WithResetUnit match it.
 	Host string

@@ -56,6 +56,7 @@ type Transport struct {
 	clock        clock.Clock
 	rand         func() float64 // the backoff's random source; nil: math/rand/v2
 	signals      signalConfig   // how responses are read (dialect.go)
+	sending      *sending       // per key, the attempts sent and not answered yet
 }
 
 // Option configures a Transport in New.
@@ -245,6 +246,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		maxQuotaHold: c.maxQuota,
 		clock:        clock.Real{},
 		signals:      c.signals,
+		sending:      newSending(),
 	}
 	if t.retry != nil {
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
@@ -294,11 +296,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, t.reject(r, key, err)
 		}
 		sentAt := t.clock.Now()
+		t.sending.add(key, 1)
 		resp, err := t.base.RoundTrip(r)
+		others := t.sending.add(key, -1) - 1
 		if t.obs.OnSent != nil {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
-		sig, dec := t.learn(r, key, resp, sentAt)
+		sig, dec := t.learn(r, key, resp, sentAt, others)
 		delay, next := t.plan(req, key, attempt, resp, err, &sig, dec, start, &backoff)
 		switch next {
 		case stop:
@@ -368,12 +372,13 @@ func (t *Transport) admit(ctx context.Context, key string, cost int) error {
 
 // learn reads what resp says about key's limit and hands it to the key's
 // controller (the limiter's, or the Transport's own holds), which decides
-// what the key does next. It reports the holds and rate changes decided.
-func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time) (Signal, Decision) {
+// what the key does next (inFlight is Signal.InFlight). It reports the holds and rate changes decided.
+func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time, inFlight int) (Signal, Decision) {
 	if resp == nil {
-		return Signal{Now: t.clock.Now(), SentAt: sentAt}, Decision{}
+		return Signal{Now: t.clock.Now(), SentAt: sentAt, InFlight: inFlight}, Decision{}
 	}
 	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), max(t.maxPause, t.maxQuotaHold))
+	sig.InFlight = inFlight
 	if sig.RetryAfter > t.maxPause {
 		// Retry-After has the pause cap; only a quota's reset may hold longer.
 		sig.RetryAfter, sig.RetryAfterTooLong = t.maxPause, true
