@@ -143,6 +143,10 @@ var (
 	// can ever grant at once (the burst, or the queue depth). Waiting would
 	// never help. It also matches ErrRateLimited.
 	ErrCostTooHigh = fmt.Errorf("%w: cost exceeds capacity", ErrRateLimited)
+	// ErrTooManyInFlight matches a request refused because its key's
+	// requests in flight stayed at the cap for the whole maximum wait (see
+	// InFlightLimiter). It also matches ErrRateLimited.
+	ErrTooManyInFlight = fmt.Errorf("%w: too many requests in flight", ErrRateLimited)
 	// ErrInvalidConfig matches every error a constructor returns for an
 	// invalid setting.
 	ErrInvalidConfig = errors.New("egress: invalid configuration")
@@ -161,6 +165,9 @@ const (
 	ReasonQueueFull
 	// ReasonCostTooHigh: the cost exceeds the burst or queue depth.
 	ReasonCostTooHigh
+	// ReasonInFlight: the key's requests in flight stayed at the
+	// InFlightLimiter's cap for the whole maximum wait.
+	ReasonInFlight
 )
 
 // String returns a short name of the reason.
@@ -174,13 +181,15 @@ func (r Reason) String() string {
 		return "queue full"
 	case ReasonCostTooHigh:
 		return "cost too high"
+	case ReasonInFlight:
+		return "in flight"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
 
 // LimitError is returned when a request is refused without being sent. It
-// matches ErrRateLimited, and ErrQueueFull or ErrCostTooHigh when that is
-// the reason.
+// matches ErrRateLimited, and ErrQueueFull, ErrCostTooHigh or
+// ErrTooManyInFlight when that is the reason.
 type LimitError struct {
 	Key    string        // the request's limiter key
 	Cost   int           // the request's cost
@@ -205,6 +214,8 @@ func (e *LimitError) Unwrap() error {
 		return ErrQueueFull
 	case ReasonCostTooHigh:
 		return ErrCostTooHigh
+	case ReasonInFlight:
+		return ErrTooManyInFlight
 	}
 	return ErrRateLimited
 }

@@ -43,6 +43,7 @@ import (
 type Transport struct {
 	base         http.RoundTripper
 	limiter      Limiter
+	inFlight     InFlightLimiter // nil: no cap
 	keyFunc      func(*http.Request) string
 	costFunc     func(*http.Request) int
 	maxWait      time.Duration
@@ -68,6 +69,7 @@ type Option interface {
 // New.
 type config struct {
 	limiter  Limiter
+	inFlight InFlightLimiter
 	keyFunc  func(*http.Request) string
 	costFunc func(*http.Request) int
 	maxWait  time.Duration
@@ -91,6 +93,20 @@ func WithLimiter(l Limiter) Option {
 			c.errs = append(c.errs, configError("WithLimiter", l, "the limiter must not be nil"))
 		}
 		c.limiter = l
+	})
+}
+
+// WithInFlightLimit caps the requests of each key in flight at once (see
+// InFlightLimiter): an attempt takes a slot before it waits for the rate
+// limiter, and frees it when its response body is read to its end or
+// closed, when it fails, or when its context ends. The slot wait counts
+// against WithMaxWait. Default: no cap. A nil limiter is an error.
+func WithInFlightLimit(l InFlightLimiter) Option {
+	return optionFunc(func(c *config) {
+		if l == nil || isNilPointer(l) {
+			c.errs = append(c.errs, inFlightConfigError(l))
+		}
+		c.inFlight = l
 	})
 }
 
@@ -237,6 +253,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	t := &Transport{
 		base:         base,
 		limiter:      c.limiter,
+		inFlight:     c.inFlight,
 		keyFunc:      c.keyFunc,
 		costFunc:     c.costFunc,
 		maxWait:      c.maxWait,
@@ -292,13 +309,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	backoff := FullJitter{Rand: t.rand}
 	r := req
 	for attempt := 1; ; attempt++ {
-		if err := t.admit(r.Context(), key, cost); err != nil {
+		release, waited, err := t.takeSlot(r.Context(), key)
+		if err == nil {
+			if err = t.admit(r.Context(), key, cost, waited); err != nil && release != nil {
+				release()
+			}
+		}
+		if err != nil {
 			return nil, t.reject(r, key, err)
 		}
 		sentAt := t.clock.Now()
 		t.sending.add(key, 1)
 		resp, err := t.base.RoundTrip(r)
 		others := t.sending.add(key, -1) - 1
+		resp = holdSlot(r.Context(), release, resp, err)
 		if t.obs.OnSent != nil {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
@@ -332,11 +356,24 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 	return err
 }
 
+// takeSlot takes one of key's in-flight slots, when the Transport caps
+// them, within the maximum wait; release is nil when it does not.
+func (t *Transport) takeSlot(ctx context.Context, key string) (release func(), waited time.Duration, err error) {
+	if t.inFlight == nil {
+		return nil, 0, nil
+	}
+	release, waited, err = t.inFlight.Acquire(ctx, key, t.maxWait)
+	if err == nil && release == nil {
+		err = fmt.Errorf("egress: the InFlightLimiter %T returned no release function for key %q", t.inFlight, key)
+	}
+	return release, waited, err
+}
+
 // admit waits for the limiter to grant cost to key, within the context's
-// deadline and the maximum wait. A limiter that is a Learner holds its keys
-// itself; otherwise the Transport waits out its own hold of the key first.
-func (t *Transport) admit(ctx context.Context, key string, cost int) error {
-	var waited time.Duration
+// deadline and what is left of the maximum wait after waited. A limiter
+// that is a Learner holds its keys itself; otherwise the Transport waits
+// out its own hold of the key first.
+func (t *Transport) admit(ctx context.Context, key string, cost int, waited time.Duration) error {
 	for {
 		if t.holds != nil {
 			if d, now := t.holds.remaining(key); d > 0 {

@@ -1,0 +1,358 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+// InFlightLimiter caps how many requests of a key are in flight at once:
+// sent and not yet finished. Providers limit concurrency beside the rate —
+// Twilio answers 20429 "too many concurrent requests", Stripe runs a
+// concurrency limiter beside its rate limiter. InFlightLimit (one process)
+// and SharedInFlightLimit (a fleet, through Redis) implement it, and so can
+// a caller's own. Give one to a Transport with WithInFlightLimit.
+//
+// A slot is a lease: the Transport frees it when the response body is read
+// to its end or closed, when the attempt fails, or when the request's
+// context ends, whichever comes first; and the limiter takes it back when
+// its lease time ends, so that a body nobody closes does not hold a slot
+// for ever (see WithLeaseTime).
+type InFlightLimiter interface {
+	// Acquire blocks until key has a free slot and returns the function
+	// that frees it (safe to call more than once, and from any goroutine)
+	// and how long it waited. Waiters are served first come, first served.
+	// When no slot frees within maxWait (> 0) it returns a *LimitError
+	// with ReasonInFlight; when ctx ends first it returns ctx.Err(). It
+	// never returns a slot and an error.
+	Acquire(ctx context.Context, key string, maxWait time.Duration) (release func(), waited time.Duration, err error)
+}
+
+// InFlightLimit is an InFlightLimiter for one process: at most n requests
+// of each key in flight at once. A key's state is dropped when it has no
+// slot held and no waiter, so idle keys cost nothing. Its slots are leases
+// of WithLeaseTime (default 5 minutes).
+type InFlightLimit struct {
+	n     int
+	lease time.Duration
+	clock clock.Clock
+
+	mu   sync.Mutex
+	keys map[string]*slots
+	ids  uint64
+}
+
+// slots is one key's leases and waiters.
+type slots struct {
+	leases  []slotLease      // held, in no order
+	waiters []*inFlightWaiter // first come, first served; served ones removed
+}
+
+type slotLease struct {
+	id    uint64
+	until time.Time
+}
+
+type inFlightWaiter struct {
+	ready chan struct{} // closed when the waiter is given a slot
+	id    uint64        // the slot's lease, once given
+}
+
+// InFlightOption configures an InFlightLimit or a SharedInFlightLimit.
+type InFlightOption interface {
+	applyInFlight(*inFlightConfig)
+}
+
+type inFlightConfig struct {
+	lease time.Duration
+	errs  []error
+}
+
+type leaseOption time.Duration
+
+func (o leaseOption) applyInFlight(c *inFlightConfig) {
+	if o <= 0 {
+		c.errs = append(c.errs, configError("WithLeaseTime", time.Duration(o), "must be positive"))
+	}
+	c.lease = time.Duration(o)
+}
+
+// WithLeaseTime sets the longest one request may hold a slot: a response
+// body that is never read to its end nor closed, in a context that never
+// ends, gives its slot back when its lease ends. Set it above the longest
+// response you read (a long stream). Default 5 minutes; it must be
+// positive.
+func WithLeaseTime(d time.Duration) InFlightOption { return leaseOption(d) }
+
+const defaultLeaseTime = 5 * time.Minute
+
+// inFlightSettings applies opts over the defaults and checks n.
+func inFlightSettings(op string, n int, opts []InFlightOption) (inFlightConfig, error) {
+	c := inFlightConfig{lease: defaultLeaseTime}
+	if n < 1 {
+		c.errs = append(c.errs, configError(op+": n", n, "must be at least 1"))
+	}
+	for _, o := range opts {
+		if o == nil {
+			c.errs = append(c.errs, configError(op+": option", "nil", "options must not be nil"))
+			continue
+		}
+		o.applyInFlight(&c)
+	}
+	return c, errors.Join(c.errs...)
+}
+
+// NewInFlightLimit returns an InFlightLimit of n requests in flight per
+// key. n must be at least 1.
+func NewInFlightLimit(n int, opts ...InFlightOption) (*InFlightLimit, error) {
+	c, err := inFlightSettings("NewInFlightLimit", n, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &InFlightLimit{n: n, lease: c.lease, clock: clock.Real{}, keys: make(map[string]*slots)}, nil
+}
+
+// Acquire implements InFlightLimiter.
+func (l *InFlightLimit) Acquire(ctx context.Context, key string, maxWait time.Duration) (func(), time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	start := l.clock.Now()
+	l.mu.Lock()
+	s := l.keys[key]
+	if s == nil {
+		s = &slots{}
+		l.keys[key] = s
+	}
+	l.expire(s, start)
+	if len(s.waiters) == 0 && len(s.leases) < l.n {
+		id := l.grant(s, start)
+		l.mu.Unlock()
+		return l.releaser(key, id), 0, nil
+	}
+	w := &inFlightWaiter{ready: make(chan struct{})}
+	s.waiters = append(s.waiters, w)
+	l.mu.Unlock()
+
+	var deadline <-chan time.Time
+	if maxWait > 0 {
+		t := l.clock.NewTimer(maxWait)
+		defer t.Stop()
+		deadline = t.C()
+	}
+	for {
+		// Wake when the earliest lease of the key ends, to take it back.
+		l.mu.Lock()
+		next := l.nextExpiry(s)
+		l.mu.Unlock()
+		var expiry clock.Timer
+		var expired <-chan time.Time
+		if !next.IsZero() {
+			expiry = l.clock.NewTimer(max(next.Sub(l.clock.Now()), time.Millisecond))
+			expired = expiry.C()
+		}
+		select {
+		case <-w.ready:
+			stopTimer(expiry)
+			return l.releaser(key, w.id), l.clock.Now().Sub(start), nil
+		case <-expired:
+			l.mu.Lock()
+			l.expire(s, l.clock.Now())
+			l.mu.Unlock()
+			continue
+		case <-deadline:
+			stopTimer(expiry)
+			if l.leave(key, s, w) {
+				return l.releaser(key, w.id), l.clock.Now().Sub(start), nil
+			}
+			waited := l.clock.Now().Sub(start)
+			return nil, waited, &LimitError{Key: key, Cost: 1, Reason: ReasonInFlight, Wait: waited}
+		case <-ctx.Done():
+			stopTimer(expiry)
+			if l.leave(key, s, w) {
+				return l.releaser(key, w.id), l.clock.Now().Sub(start), nil
+			}
+			return nil, l.clock.Now().Sub(start), ctx.Err()
+		}
+	}
+}
+
+func stopTimer(t clock.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// leave takes w out of the queue; it reports whether w was given a slot
+// meanwhile, which it then keeps (the caller was about to give up, but a
+// slot it holds is one it may use).
+func (l *InFlightLimit) leave(key string, s *slots, w *inFlightWaiter) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-w.ready:
+		return true
+	default:
+	}
+	for i, x := range s.waiters {
+		if x == w {
+			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
+			break
+		}
+	}
+	l.tidy(key, s)
+	return false
+}
+
+// grant gives s a new lease from now; l.mu is held.
+func (l *InFlightLimit) grant(s *slots, now time.Time) uint64 {
+	l.ids++
+	s.leases = append(s.leases, slotLease{id: l.ids, until: now.Add(l.lease)})
+	return l.ids
+}
+
+// expire takes back the leases of s that ended by now and hands free slots
+// to the waiters in order; l.mu is held.
+func (l *InFlightLimit) expire(s *slots, now time.Time) {
+	kept := s.leases[:0]
+	for _, x := range s.leases {
+		if x.until.After(now) {
+			kept = append(kept, x)
+		}
+	}
+	clear(s.leases[len(kept):])
+	s.leases = kept
+	l.serve(s, now)
+}
+
+// serve hands free slots to the waiters of s in order; l.mu is held.
+func (l *InFlightLimit) serve(s *slots, now time.Time) {
+	for len(s.waiters) > 0 && len(s.leases) < l.n {
+		w := s.waiters[0]
+		s.waiters[0] = nil
+		s.waiters = s.waiters[1:]
+		w.id = l.grant(s, now)
+		close(w.ready)
+	}
+}
+
+// nextExpiry returns when the earliest lease of s ends; zero when none is
+// held. l.mu is held.
+func (l *InFlightLimit) nextExpiry(s *slots) time.Time {
+	var t time.Time
+	for _, x := range s.leases {
+		if t.IsZero() || x.until.Before(t) {
+			t = x.until
+		}
+	}
+	return t
+}
+
+// releaser returns the function that frees lease id of key.
+func (l *InFlightLimit) releaser(key string, id uint64) func() {
+	return func() { l.release(key, id) }
+}
+
+// release frees lease id of key, if it is still held.
+func (l *InFlightLimit) release(key string, id uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.keys[key]
+	if s == nil {
+		return
+	}
+	for i, x := range s.leases {
+		if x.id == id {
+			s.leases[i] = s.leases[len(s.leases)-1]
+			s.leases = s.leases[:len(s.leases)-1]
+			l.serve(s, l.clock.Now())
+			break
+		}
+	}
+	l.tidy(key, s)
+}
+
+// tidy drops the state of a key that has no lease and no waiter; l.mu is
+// held.
+func (l *InFlightLimit) tidy(key string, s *slots) {
+	if len(s.leases) == 0 && len(s.waiters) == 0 {
+		delete(l.keys, key)
+	}
+}
+
+// InFlight returns how many slots of key are held now.
+func (l *InFlightLimit) InFlight(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.keys[key]; s != nil {
+		return len(s.leases)
+	}
+	return 0
+}
+
+// slotBody frees its request's slot when the body is read to its end (or
+// fails), when it is closed, or when the request's context ends.
+type slotBody struct {
+	io.ReadCloser
+	slot *slot
+}
+
+func (b *slotBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.slot.free()
+	}
+	return n, err
+}
+
+func (b *slotBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.slot.free()
+	return err
+}
+
+// slot is one attempt's hold of an in-flight slot.
+type slot struct {
+	release func()
+	stop    func() bool // stops the context's AfterFunc
+	done    atomic.Bool
+}
+
+func (s *slot) free() {
+	if s == nil || !s.done.CompareAndSwap(false, true) {
+		return
+	}
+	if s.stop != nil {
+		s.stop()
+	}
+	s.release()
+}
+
+// holdSlot ties the slot release to resp's body, or frees it at once when
+// there is no body to wait for (an error, no body, a protocol switch whose
+// connection the caller now owns). It returns the response to hand on.
+func holdSlot(ctx context.Context, release func(), resp *http.Response, err error) *http.Response {
+	if release == nil {
+		return resp
+	}
+	if err != nil || resp == nil || resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
+		release()
+		return resp
+	}
+	s := &slot{release: release}
+	s.stop = context.AfterFunc(ctx, s.free)
+	resp.Body = &slotBody{ReadCloser: resp.Body, slot: s}
+	return resp
+}
+
+// errInFlightLimiter is the error of a nil InFlightLimiter option.
+func inFlightConfigError(l InFlightLimiter) error {
+	return configError("WithInFlightLimit", fmt.Sprintf("%T(nil)", l), "the in-flight limiter must not be nil")
+}
