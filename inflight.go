@@ -51,7 +51,7 @@ type InFlightLimit struct {
 
 // slots is one key's leases and waiters.
 type slots struct {
-	leases  []slotLease      // held, in no order
+	leases  []slotLease       // held, in no order
 	waiters []*inFlightWaiter // first come, first served; served ones removed
 }
 
