@@ -20,6 +20,8 @@ func Observers(o ...Observer) Observer {
 		cooldown  []func(string, time.Time, error)
 		exhausted []func(string)
 		rate      []func(string, Rate, Rate, string)
+		shadow    []func(string, time.Duration, error)
+		near      []func(string, Quota)
 	}
 	for _, o := range o {
 		hs.wait = appendHook(hs.wait, o.OnWait, o.OnWait != nil)
@@ -29,6 +31,8 @@ func Observers(o ...Observer) Observer {
 		hs.cooldown = appendHook(hs.cooldown, o.OnCooldown, o.OnCooldown != nil)
 		hs.exhausted = appendHook(hs.exhausted, o.OnBudgetExhausted, o.OnBudgetExhausted != nil)
 		hs.rate = appendHook(hs.rate, o.OnRateChange, o.OnRateChange != nil)
+		hs.shadow = appendHook(hs.shadow, o.OnShadow, o.OnShadow != nil)
+		hs.near = appendHook(hs.near, o.OnNearLimit, o.OnNearLimit != nil)
 	}
 	return Observer{
 		OnWait: combine(hs.wait, func(key string, waited time.Duration) {
@@ -64,6 +68,16 @@ func Observers(o ...Observer) Observer {
 		OnRateChange: combine(hs.rate, func(key string, old, new Rate, why string) {
 			for _, h := range hs.rate {
 				h(key, old, new, why)
+			}
+		}),
+		OnShadow: combine(hs.shadow, func(key string, wait time.Duration, err error) {
+			for _, h := range hs.shadow {
+				h(key, wait, err)
+			}
+		}),
+		OnNearLimit: combine(hs.near, func(key string, q Quota) {
+			for _, h := range hs.near {
+				h(key, q)
 			}
 		}),
 	}

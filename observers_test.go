@@ -20,6 +20,8 @@ func TestObserversCallsEachInTurn(t *testing.T) {
 			OnCooldown:        func(key string, _ time.Time, _ error) { calls = append(calls, name+" cooldown "+key) },
 			OnBudgetExhausted: func(key string) { calls = append(calls, name+" budget "+key) },
 			OnRateChange:      func(key string, _, _ Rate, why string) { calls = append(calls, name+" rate "+key+" "+why) },
+			OnShadow:          func(key string, d time.Duration, _ error) { calls = append(calls, name+" shadow "+key+" "+d.String()) },
+			OnNearLimit:       func(key string, q Quota) { calls = append(calls, name+" near "+key) },
 		}
 	}
 	o := Observers(rec("a"), Observer{}, rec("b"))
@@ -30,6 +32,8 @@ func TestObserversCallsEachInTurn(t *testing.T) {
 	o.OnCooldown("k", time.Time{}, nil)
 	o.OnBudgetExhausted("k")
 	o.OnRateChange("k", PerSecond(2), PerSecond(1), "advertised")
+	o.OnShadow("k", time.Second, nil)
+	o.OnNearLimit("k", Quota{})
 	assert.Equal(t, []string{
 		"a wait k 1s", "b wait k 1s",
 		"a reject k no", "b reject k no",
@@ -38,6 +42,8 @@ func TestObserversCallsEachInTurn(t *testing.T) {
 		"a cooldown k", "b cooldown k",
 		"a budget k", "b budget k",
 		"a rate k advertised", "b rate k advertised",
+		"a shadow k 1s", "b shadow k 1s",
+		"a near k", "b near k",
 	}, calls)
 }
 

@@ -13,10 +13,13 @@ import (
 //   - Warn: a key paused by a response (OnCooldown: a 429's Retry-After or
 //     an exhausted quota; the fleet's requests of the key wait until then)
 //     and a retry given up because the retry budget is spent;
-//   - Info: a request refused without being sent (OnReject), and a key's
-//     rate changed by what the provider said (OnRateChange);
-//   - Debug: a request that waited for capacity (OnWait) and a retry about
-//     to be made (OnRetry).
+//   - Info: a request refused without being sent (OnReject), a key's rate
+//     changed by what the provider said (OnRateChange), a key near its
+//     limit (OnNearLimit), and in shadow mode a request that would have
+//     been refused (OnShadow);
+//   - Debug: a request that waited for capacity (OnWait), a retry about to
+//     be made (OnRetry), and in shadow mode a request that would have
+//     waited.
 //
 // Each record carries the key as "key", and the facts of its hook (the
 // wait, the refusal's reason, the pause's end, ...). A hook whose level l
@@ -83,6 +86,42 @@ func SlogObserver(l *slog.Logger) Observer {
 			}
 			l.LogAttrs(ctx, slog.LevelWarn, "egress: retry budget exhausted, retry not made",
 				slog.String("key", key))
+		},
+		OnShadow: func(key string, wait time.Duration, err error) {
+			level := slog.LevelDebug
+			if err != nil {
+				level = slog.LevelInfo
+			}
+			if !l.Enabled(ctx, level) {
+				return
+			}
+			if err == nil {
+				l.LogAttrs(ctx, level, "egress: shadow: would have waited",
+					slog.String("key", key), slog.Duration("wait", wait))
+				return
+			}
+			var le *LimitError
+			if errors.As(err, &le) {
+				l.LogAttrs(ctx, level, "egress: shadow: would have refused",
+					slog.String("key", key), slog.String("reason", le.Reason.String()),
+					slog.Duration("wait", le.Wait))
+				return
+			}
+			l.LogAttrs(ctx, level, "egress: shadow: would have refused",
+				slog.String("key", key), slog.String("error", err.Error()))
+		},
+		OnNearLimit: func(key string, q Quota) {
+			if !l.Enabled(ctx, slog.LevelInfo) {
+				return
+			}
+			if !q.HasLimit {
+				l.LogAttrs(ctx, slog.LevelInfo, "egress: near the provider's limit", slog.String("key", key))
+				return
+			}
+			l.LogAttrs(ctx, slog.LevelInfo, "egress: near the provider's limit",
+				slog.String("key", key), slog.String("dimension", q.Dimension.String()),
+				slog.Float64("remaining", q.Remaining), slog.Float64("limit", q.Limit),
+				slog.Duration("reset", q.Reset))
 		},
 		OnRateChange: func(key string, old, new Rate, why string) {
 			if !l.Enabled(ctx, slog.LevelInfo) {

@@ -67,6 +67,15 @@ func TestSlogObserverLevels(t *testing.T) {
 			slog.LevelWarn, "egress: retry budget exhausted, retry not made", map[string]string{"key": "api"}},
 		{"rate", func(o Observer) { o.OnRateChange("api", PerSecond(30), PerSecond(20), "advertised") },
 			slog.LevelInfo, "egress: rate changed", map[string]string{"key": "api", "old": "30/s", "new": "20/s", "why": "advertised"}},
+		{"shadow wait", func(o Observer) { o.OnShadow("api", 300*time.Millisecond, nil) },
+			slog.LevelDebug, "egress: shadow: would have waited", map[string]string{"key": "api", "wait": "300ms"}},
+		{"shadow refusal", func(o Observer) { o.OnShadow("api", 2*time.Second, limitErr) },
+			slog.LevelInfo, "egress: shadow: would have refused", map[string]string{"key": "api", "reason": "max wait", "wait": "2s"}},
+		{"near limit", func(o Observer) {
+			o.OnNearLimit("api", Quota{Dimension: Requests, Limit: 100, HasLimit: true, Remaining: 12, HasRemaining: true, Reset: 30 * time.Second})
+		}, slog.LevelInfo, "egress: near the provider's limit", map[string]string{"key": "api", "dimension": "requests", "remaining": "12", "limit": "100", "reset": "30s"}},
+		{"near limit without counts", func(o Observer) { o.OnNearLimit("api", Quota{}) },
+			slog.LevelInfo, "egress: near the provider's limit", map[string]string{"key": "api"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,6 +137,8 @@ func TestSlogObserverAllocatesNothingWhenOff(t *testing.T) {
 		"OnCooldown":        func() { o.OnCooldown("api", until, redisErr) },
 		"OnBudgetExhausted": func() { o.OnBudgetExhausted("api") },
 		"OnRateChange":      func() { o.OnRateChange("api", PerSecond(30), PerSecond(20), "throttled") },
+		"OnShadow":          func() { o.OnShadow("api", time.Second, limitErr) },
+		"OnNearLimit":       func() { o.OnNearLimit("api", Quota{Limit: 10, HasLimit: true}) },
 		"fallback":          func() { fb("payments", true, redisErr) },
 	}
 	for name, call := range hooks {

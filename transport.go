@@ -57,7 +57,10 @@ type Transport struct {
 	clock        clock.Clock
 	rand         func() float64 // the backoff's random source; nil: math/rand/v2
 	signals      signalConfig   // how responses are read (dialect.go)
-	sending      *sending       // per key, the attempts sent and not answered yet
+	sending      *keyCounts     // per key, the attempts sent and not answered yet
+	shadow       bool           // compute and report, do not enforce
+	nearLimit    float64        // the ratio of remaining to limit below which a key is near its limit
+	near         *keyCounts     // per key, 1 while it was last reported near its limit
 }
 
 // Option configures a Transport in New.
@@ -78,6 +81,8 @@ type config struct {
 	maxPause time.Duration
 	maxQuota time.Duration
 	signals  signalConfig // how responses are read (dialect.go)
+	shadow   bool
+	near     float64
 	errs     []error
 }
 
@@ -189,6 +194,37 @@ func WithMaxQuotaHold(d time.Duration) Option {
 	})
 }
 
+// WithShadow makes the Transport compute its decisions, count and report
+// them, and enforce none: every request is sent at once, and each one that
+// the limiter, a hold of its key or the in-flight cap would have delayed or
+// refused is reported to Observer.OnShadow. Use it to roll egress, or a
+// change of its limits, out on a live integration (see the README's
+// "Running in production"). The controller still learns from responses,
+// and its holds and rate changes are reported as usual (OnCooldown,
+// OnRateChange), but they hold nothing. A request that would have waited
+// takes no capacity from the limiter, as it would not have been sent then:
+// under sustained overload the limiter grants its own rate and reports the
+// rest, the share that enforcing would have slowed down. A TokenBucket
+// instead counts each request as if it waited its turn, so that the waits
+// reported add up as an enforcing queue's would, and those beyond the
+// maximum wait or the deadline are reported refused. Shadow mode does
+// not retry: WithShadow with WithRetry is an error.
+func WithShadow() Option {
+	return optionFunc(func(c *config) { c.shadow = true })
+}
+
+// WithNearLimit sets the ratio of remaining to limit below which a
+// provider's report makes Observer.OnNearLimit fire for the key. Default
+// 0.2 (20%). It must be above 0 and below 1.
+func WithNearLimit(ratio float64) Option {
+	return optionFunc(func(c *config) {
+		if !(ratio > 0 && ratio < 1) {
+			c.errs = append(c.errs, configError("WithNearLimit", ratio, "must be above 0 and below 1"))
+		}
+		c.near = ratio
+	})
+}
+
 // WithObserver sets hooks that the Transport calls as requests wait, are
 // refused and are sent. Default: none. Hooks run on the request's goroutine
 // and must be quick and safe for concurrent use.
@@ -219,6 +255,18 @@ type Observer struct {
 	// OnBudgetExhausted is called when a retry is not made because the
 	// retry budget is spent.
 	OnBudgetExhausted func(key string)
+	// OnShadow is called, in shadow mode only (WithShadow), for each
+	// attempt sent that an enforcing Transport would not have sent at
+	// once: err is nil when it would have waited for wait, and the
+	// *LimitError (or the limiter's error) when it would have been
+	// refused, with the wait it would have needed when known.
+	OnShadow func(key string, wait time.Duration, err error)
+	// OnNearLimit is called when a response reports key below the
+	// near-limit ratio of one of its quotas (WithNearLimit, 20% by
+	// default), with the quota reported; or warns without counts (Jira's
+	// X-RateLimit-NearLimit), with a zero Quota. It is called once as the
+	// key crosses below, and again only after a report above the ratio.
+	OnNearLimit func(key string, q Quota)
 	// OnRateChange is called when a response changes the rate key is held
 	// to; why is "advertised" (the provider stated its limit), "throttled"
 	// (discovery lowered it) or "storm" (throttles thought to be about the
@@ -236,6 +284,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		costFunc: unitCost,
 		maxPause: defaultMaxPause,
 		maxQuota: defaultMaxQuotaHold,
+		near:     defaultNearLimit,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -243,6 +292,9 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 			continue
 		}
 		o.apply(&c)
+	}
+	if c.shadow && c.retry != nil {
+		c.errs = append(c.errs, configError("WithShadow", "with WithRetry", "shadow mode reports decisions and does not retry; drop one of the two"))
 	}
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err
@@ -263,7 +315,10 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		maxQuotaHold: c.maxQuota,
 		clock:        clock.Real{},
 		signals:      c.signals,
-		sending:      newSending(),
+		sending:      newKeyCounts(),
+		shadow:       c.shadow,
+		nearLimit:    c.near,
+		near:         newKeyCounts(),
 	}
 	if t.retry != nil {
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
@@ -281,6 +336,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 const (
 	defaultMaxPause     = time.Minute
 	defaultMaxQuotaHold = 24 * time.Hour
+	defaultNearLimit    = 0.2
 )
 
 // isNilPointer reports whether v is a nil pointer in an interface, such as
@@ -309,12 +365,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	backoff := FullJitter{Rand: t.rand}
 	r := req
 	for attempt := 1; ; attempt++ {
-		release, waited, err := t.takeSlot(r.Context(), key)
-		if err == nil {
-			if err = t.admit(r.Context(), key, cost, waited); err != nil && release != nil {
-				release()
-			}
-		}
+		release, err := t.enter(r.Context(), key, cost)
 		if err != nil {
 			return nil, t.reject(r, key, err)
 		}
@@ -354,6 +405,77 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 		t.obs.OnReject(key, err)
 	}
 	return err
+}
+
+// enter waits until an attempt of key may be sent: for an in-flight slot
+// when the Transport caps them, then for the limiter (and the key's hold).
+// release frees the slot; it is nil when there is none. In shadow mode it
+// reports instead of waiting.
+func (t *Transport) enter(ctx context.Context, key string, cost int) (release func(), err error) {
+	if t.shadow {
+		return t.shadowEnter(ctx, key, cost), nil
+	}
+	release, waited, err := t.takeSlot(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.admit(ctx, key, cost, waited); err != nil {
+		if release != nil {
+			release()
+		}
+		return nil, err
+	}
+	return release, nil
+}
+
+// shadowEnter asks each part that may delay an attempt what it would do,
+// without waiting, and reports a delay or a refusal to OnShadow. It takes
+// the in-flight slot when one is free, so that the count goes on as it
+// would; release frees it. A limiter that can reserve without waiting
+// (TokenBucket) grants the attempt its turn as if it waited; any other is
+// asked whether capacity is there at once, and takes none when it is not.
+func (t *Transport) shadowEnter(ctx context.Context, key string, cost int) (release func()) {
+	const now = time.Nanosecond // a maximum wait that only capacity there at once meets
+	var wait time.Duration
+	var refused error
+	if t.inFlight != nil {
+		var err error
+		if release, _, err = t.inFlight.Acquire(ctx, key, now); err != nil {
+			refused = err // waiting for a slot: for how long, nobody knows
+		}
+	}
+	if t.holds != nil {
+		wait, _ = t.holds.remaining(key)
+	}
+	if r, ok := t.limiter.(reserver); ok && cost > 0 && refused == nil {
+		d, err := r.reserveNow(ctx, key, cost, remaining(t.maxWait, wait))
+		var le *LimitError
+		if errors.As(err, &le) {
+			d = le.Wait
+		}
+		if err != nil {
+			refused = err
+		}
+		wait += d
+	} else if t.limiter != nil && cost > 0 && refused == nil {
+		_, err := t.limiter.Wait(ctx, key, cost, now)
+		var le *LimitError
+		switch {
+		case errors.As(err, &le) && (le.Reason == ReasonMaxWait || le.Reason == ReasonDeadline):
+			wait += le.Wait
+		case err != nil:
+			refused = err
+		}
+	}
+	if refused == nil && wait > 0 {
+		if e := waitBudget(ctx, t.maxWait).refuse(t.clock.Now(), key, cost, wait); e != nil {
+			refused = e
+		}
+	}
+	if (wait > 0 || refused != nil) && t.obs.OnShadow != nil {
+		t.obs.OnShadow(key, wait, refused)
+	}
+	return release
 }
 
 // takeSlot takes one of key's in-flight slots, when the Transport caps
@@ -416,6 +538,7 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, se
 	}
 	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), max(t.maxPause, t.maxQuotaHold))
 	sig.InFlight = inFlight
+	t.checkNear(key, &sig)
 	if sig.RetryAfter > t.maxPause {
 		// Retry-After has the pause cap; only a quota's reset may hold longer.
 		sig.RetryAfter, sig.RetryAfterTooLong = t.maxPause, true
@@ -428,6 +551,40 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, se
 		t.obs.OnRateChange(key, d.Old, d.New, d.Why)
 	}
 	return sig, d
+}
+
+// checkNear tells OnNearLimit when s reports key below the near-limit
+// ratio of one of its quotas, once per crossing.
+func (t *Transport) checkNear(key string, s *Signal) {
+	if t.obs.OnNearLimit == nil {
+		return
+	}
+	var low Quota
+	counted, near := false, false
+	for _, q := range s.Quotas {
+		if !q.HasLimit || !q.HasRemaining || q.Limit <= 0 {
+			continue
+		}
+		counted = true
+		if r := q.Remaining / q.Limit; r < t.nearLimit && (!near || r < low.Remaining/low.Limit) {
+			low, near = q, true
+		}
+	}
+	if !counted && !s.NearLimit {
+		return // nothing said either way
+	}
+	near = near || (!counted && s.NearLimit)
+	was := t.near.swap(key, b2i(near))
+	if near && was == 0 {
+		t.obs.OnNearLimit(key, low)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // next is what the Transport does after an attempt.
