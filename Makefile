@@ -3,7 +3,7 @@ GO ?= go
 
 .PHONY: test setup vet race wallclock fuzz bench
 
-test: setup vet race fuzz wallclock
+test: setup vet race fuzz wallclock otel
 
 # The wall-clock suites: real timers at real rates, fleets of processes,
 # adaptive fleets learning a provider's limit, Redis failovers. Their own
@@ -50,7 +50,8 @@ soak: setup
 	EGRESS_SOAK=1 $(GO) test -race -count=1 -timeout 5m -run '^TestChaosSoak$$' -v ./internal/soak/
 
 # The OpenTelemetry adapter is its own module (egress itself does not depend
-# on OpenTelemetry), so go test ./... above does not reach it.
+# on OpenTelemetry), so go test ./... above does not reach it; test runs it
+# last.
 .PHONY: otel
 otel:
 	cd otel && $(GO) vet ./... && $(GO) test -race -count=1 ./...

@@ -34,6 +34,8 @@ type Metrics struct {
 	pauses    metric.Int64Counter
 	changes   metric.Int64Counter
 	switches  metric.Int64Counter
+	shadow    metric.Int64Counter
+	near      metric.Int64Counter
 
 	rate, fallback, instances, remaining, limit metric.Float64ObservableGauge
 	registration                                metric.Registration
@@ -121,6 +123,9 @@ func (m *Metrics) instruments(meter metric.Meter) error {
 	m.exhausted = counter("egress.retry_budget.exhausted", "{retry}", "Retries not made because the retry budget was spent.")
 	m.pauses = counter("egress.pauses", "{pause}", "Responses that paused a key (a Retry-After, an exhausted quota).")
 	m.changes = counter("egress.rate.changes", "{change}", "Changes of a key's rate decided from responses, by why.")
+	m.shadow = counter("egress.shadow.decisions", "{request}",
+		"In shadow mode, attempts sent that an enforcing Transport would have delayed (result waited) or refused (result refused, with its reason).")
+	m.near = counter("egress.near_limit", "{event}", "Keys that a provider's report put below the near-limit ratio of a quota (once per crossing).")
 	m.switches = counter("egress.fallback.switches", "{switch}", "Switches of a shared limiter to its local fallback (egress.fallback.active=true) and back.")
 	g := []metric.Float64ObservableGauge{
 		gauge("egress.rate.effective", "1/s", "The rate each key is held to now, in cost units per second (through ObserveRates)."),

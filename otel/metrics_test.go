@@ -91,6 +91,10 @@ func TestObserverRecordsEachHook(t *testing.T) {
 	o.OnCooldown("api", time.Now().Add(time.Second), nil)
 	o.OnBudgetExhausted("api")
 	o.OnRateChange("api", egress.PerSecond(30), egress.PerSecond(20), "advertised")
+	o.OnReject("api", &egress.LimitError{Key: "api", Cost: 1, Reason: egress.ReasonInFlight, Wait: time.Second})
+	o.OnShadow("api", time.Second, nil)
+	o.OnShadow("api", 2*time.Second, &egress.LimitError{Key: "api", Cost: 1, Reason: egress.ReasonDeadline, Wait: 2 * time.Second})
+	o.OnNearLimit("api", egress.Quota{})
 
 	want := points{
 		"egress.requests": {
@@ -99,6 +103,7 @@ func TestObserverRecordsEachHook(t *testing.T) {
 			"egress.key=api,egress.reason=max_wait,egress.result=refused":   1,
 			"egress.key=api,egress.reason=queue_full,egress.result=refused": 1,
 			"egress.key=api,egress.reason=canceled,egress.result=refused":   1,
+			"egress.key=api,egress.reason=in_flight,egress.result=refused":  1,
 		},
 		"egress.attempts": {
 			"egress.key=api,http.response.status_code=200": 1,
@@ -110,6 +115,11 @@ func TestObserverRecordsEachHook(t *testing.T) {
 		"egress.pauses":                 {"egress.key=api": 1},
 		"egress.retry_budget.exhausted": {"egress.key=api": 1},
 		"egress.rate.changes":           {"egress.key=api,egress.rate.why=advertised": 1},
+		"egress.shadow.decisions": {
+			"egress.key=api,egress.result=waited":                         1,
+			"egress.key=api,egress.reason=deadline,egress.result=refused": 1,
+		},
+		"egress.near_limit": {"egress.key=api": 1},
 	}
 	got := collect(t, r)
 	for name, series := range want {

@@ -20,7 +20,10 @@ import (
 //     "transport" when none came;
 //   - egress.wait.duration: the wait of the attempts that waited;
 //   - egress.retries by cause, egress.retry_budget.exhausted, egress.pauses,
-//     egress.rate.changes by why.
+//     egress.rate.changes by why;
+//   - egress.shadow.decisions (shadow mode only): result "waited" or
+//     "refused" (with egress.reason), what enforcing would have done;
+//   - egress.near_limit: a key crossing below the near-limit ratio.
 //
 // Give it to egress.WithObserver, alone or through egress.Observers. The
 // hooks are safe for concurrent use; the ones called for every request
@@ -61,6 +64,16 @@ func (m *Metrics) Observer() egress.Observer {
 		OnRateChange: func(key string, _, _ egress.Rate, why string) {
 			m.changes.Add(ctx, 1, m.guard.series(key).with(attrWhy.String(why), attribute.KeyValue{})...)
 		},
+		OnShadow: func(key string, _ time.Duration, err error) {
+			if err == nil {
+				m.shadow.Add(ctx, 1, m.guard.series(key).with(attrResult.String("waited"), attribute.KeyValue{})...)
+				return
+			}
+			m.shadow.Add(ctx, 1, m.guard.series(key).with(attrResult.String("refused"), attrReason.String(reason(err)))...)
+		},
+		OnNearLimit: func(key string, _ egress.Quota) {
+			m.near.Add(ctx, 1, m.guard.series(key).add...)
+		},
 	}
 }
 
@@ -78,6 +91,8 @@ func reason(err error) string {
 			return "queue_full"
 		case egress.ReasonCostTooHigh:
 			return "cost_too_high"
+		case egress.ReasonInFlight:
+			return "in_flight"
 		}
 		return "reason_" + strconv.Itoa(int(le.Reason))
 	case errors.Is(err, context.Canceled):
