@@ -1,0 +1,189 @@
+package egress
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+// WindowLimit is a local sliding-window limit per key: at most n cost units
+// in any window of length w, exactly. It is how a provider's "1,000 per
+// hour" is used in full without ever being exceeded: a token bucket of the
+// same average (1000/h, burst B) admits up to 1000 + B in an hour, and one
+// with a burst of 1 spaces the requests 3.6 s apart; a WindowLimit sends
+// the first 1,000 at once and then each as the one an hour before it
+// leaves the window.
+//
+// A request of cost c goes when the units granted in the window ending at
+// its turn, plus c, are at most n. Turns are taken in order of arrival: a
+// request waits behind those that came before it, and one whose context
+// ends, or whose wait would not fit its deadline or the maximum wait, takes
+// nothing (those behind it keep the turns they were given, which stay
+// within the limit).
+//
+// Memory: the limit keeps, per key, one entry (16 bytes) per grant still in
+// the window: at most n entries, so 16·n bytes for a key used to its limit
+// (16 KB for 1,000 per hour); a key's state is dropped once its last grant
+// has left the window. A cost above n fails at once with ErrCostTooHigh.
+//
+// A WindowLimit is not a Learner: a Transport keeps the holds the provider
+// asks for itself (see Learner). It is safe for simultaneous use by
+// multiple goroutines.
+type WindowLimit struct {
+	n     int
+	w     time.Duration
+	clock clock.Clock
+
+	mu   sync.Mutex
+	logs keyed[*grantLog] // guarded by mu
+}
+
+// grantLog is one key's grants still in the window, in time order (the
+// last ones may be in the future: turns given to waiters). Guarded by the
+// limit's mu.
+type grantLog struct {
+	at    []time.Time
+	cost  []int32
+	sum   int           // the costs in the log
+	first int           // at[:first] are gone (trimmed lazily)
+	w     time.Duration // the window, to tell when the log is at rest
+}
+
+func (g *grantLog) atRest(now time.Time) bool {
+	return g.first == len(g.at) || !g.at[len(g.at)-1].Add(g.w).After(now)
+}
+
+// NewWindowLimit returns a sliding-window limit of n cost units in any
+// window w per key. n must be at least 1 and w positive.
+func NewWindowLimit(n int, w time.Duration) (*WindowLimit, error) {
+	const op = "NewWindowLimit"
+	if n < 1 {
+		return nil, configError(op+": n", n, "must be at least 1")
+	}
+	if w <= 0 {
+		return nil, configError(op+": window", w, "must be positive")
+	}
+	return &WindowLimit{n: n, w: w, clock: clock.Real{}, logs: newKeyed[*grantLog]()}, nil
+}
+
+// Rate returns the limit's average rate, n per w.
+func (l *WindowLimit) Rate() Rate { return Per(float64(l.n), l.w) }
+
+// Wait implements Limiter.
+func (l *WindowLimit) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	if err := checkCost(key, cost, l.n); err != nil || cost == 0 {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	at, now, err := l.reserve(key, cost, waitBudget(ctx, maxWait))
+	if err != nil {
+		return 0, err
+	}
+	d := at.Sub(now)
+	if d <= 0 {
+		return 0, nil
+	}
+	if err := sleep(ctx, l.clock, d); err != nil {
+		l.cancel(key, at, cost)
+		return 0, err
+	}
+	return d, nil
+}
+
+// reserve gives a request of cost the first turn, at or after now and
+// after every turn given before, at which the window ending there holds at
+// most n − cost; it refuses, taking nothing, when that turn does not fit b.
+func (l *WindowLimit) reserve(key string, cost int, b budget) (at, now time.Time, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now = l.clock.Now()
+	g, ok := l.logs.get(key, now)
+	if !ok {
+		g = &grantLog{w: l.w}
+		l.logs.put(key, g)
+	}
+	g.trim(now)
+	at = now
+	if len(g.at) > g.first {
+		at = maxTime(at, g.at[len(g.at)-1]) // after every turn given before
+	}
+	// Entries in (at−w, at] count. Drop from the count those out of that
+	// window, then the oldest until cost fits, and go when the last one
+	// dropped leaves the window.
+	sum, i := g.sum, g.first
+	for ; i < len(g.at) && !g.at[i].Add(l.w).After(at); i++ {
+		sum -= int(g.cost[i])
+	}
+	j := i
+	for ; sum+cost > l.n; j++ {
+		sum -= int(g.cost[j])
+	}
+	if j > i {
+		at = g.at[j-1].Add(l.w)
+	}
+	if e := b.refuse(now, key, cost, at.Sub(now)); e != nil {
+		return time.Time{}, now, e
+	}
+	g.at = append(g.at, at)
+	g.cost = append(g.cost, int32(cost))
+	g.sum += cost
+	return at, now, nil
+}
+
+// trim drops the grants that left the window by now, and compacts the log
+// when most of it is gone.
+func (g *grantLog) trim(now time.Time) {
+	for g.first < len(g.at) && !g.at[g.first].Add(g.w).After(now) {
+		g.sum -= int(g.cost[g.first])
+		g.first++
+	}
+	if g.first > 32 && g.first*2 > len(g.at) {
+		n := copy(g.at, g.at[g.first:])
+		copy(g.cost, g.cost[g.first:])
+		g.at, g.cost, g.first = g.at[:n], g.cost[:n], 0
+	}
+}
+
+// cancel gives back the turn at of cost, which its waiter did not use. The
+// turns after it stay where they are.
+func (l *WindowLimit) cancel(key string, at time.Time, cost int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g, ok := l.logs.m[key]
+	if !ok {
+		return
+	}
+	for i := len(g.at) - 1; i >= g.first; i-- {
+		if g.at[i].Equal(at) && int(g.cost[i]) == cost {
+			g.sum -= cost
+			g.cost[i] = 0 // kept in place, so that the log stays in time order
+			return
+		}
+		if g.at[i].Before(at) {
+			return
+		}
+	}
+}
+
+// Used returns the cost units granted to key in the window ending now.
+func (l *WindowLimit) Used(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g, ok := l.logs.m[key]
+	if !ok {
+		return 0
+	}
+	now := l.clock.Now()
+	g.trim(now)
+	used := 0
+	for i := g.first; i < len(g.at); i++ {
+		if !g.at[i].After(now) {
+			used += int(g.cost[i])
+		}
+	}
+	return used
+}
