@@ -77,7 +77,7 @@ type outcome struct {
 	maxPerSecond int // most accepted in any 1 s window
 
 	// At the pods' connection pools: every attempt's answer.
-	limited          int // 429s received
+	limited          int // 429s received (and 403s, where the provider refuses with them)
 	maxLimitedPerSec int // most 429s received in any 1 s window
 
 	acceptedPerSec, limitedPerSec []int // in each whole second from the start
@@ -172,7 +172,7 @@ func run(t *testing.T, sc scenario) outcome {
 		start: start, acceptedAt: st.Arrivals, limitedAt: limited, succeeded: tl.succeeded,
 		refused: st.Refused, storms: st.Storms,
 	}
-	if st.Limited != o.limited {
+	if st.Limited+st.Forbidden != o.limited {
 		t.Logf("note: the provider answered %d 429s, the pods received %d", st.Limited, o.limited)
 	}
 	return o
@@ -361,7 +361,9 @@ type probe struct {
 
 func (p probe) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := p.base.RoundTrip(req)
-	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+	// A 403 is a refusal in the dialects that refuse with it (GitHub's
+	// exhausted primary limit); the provider answers nothing else with it.
+	if err == nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusForbidden) {
 		p.rec.mu.Lock()
 		p.rec.limited = append(p.rec.limited, time.Now())
 		p.rec.mu.Unlock()

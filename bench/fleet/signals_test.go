@@ -58,6 +58,7 @@ type signalScenario struct {
 	cells      func(m signalMeasure) []string
 	intro      string
 	providerOf func(headers bool) fakeapi.Config
+	headerName string // what the headers column says when they are on; default "RateLimit-*"
 }
 
 // signalRow is one strategy in one scenario.
@@ -81,8 +82,8 @@ type signalMeasure struct {
 
 // TestSignalScenarios runs the scenarios of "Signals, weighed" — the right
 // limit (A), a limit configured at twice the real one (B), a limit that
-// changes mid-run (B') and a storm of 429s that are not about the quota
-// (C) — with each scenario's provider advertising its bucket and not, for
+// changes mid-run (B'), a storm of 429s that are not about the quota (C)
+// and a fixed window (D) — with each scenario's provider advertising its bucket and not, for
 // egress's four limiters and the peers, and prints one table per scenario.
 // It takes about eight minutes and runs only when asked: name it in -run,
 // or set EGRESS_SIGNALS=1.
@@ -146,6 +147,9 @@ func signalTable(t *testing.T, sc signalScenario) string {
 			limits:    limits{rate: signalRate, burst: signalBurst, egressBurst: signalBurst, adaptive: true},
 			rateSteps: sc.steps, requests: log,
 		}
+		if r.headers && r.reads == "RateLimit-*" && sc.headerName != "" {
+			r.reads = sc.headerName
+		}
 		name := fmt.Sprintf("%s/%s/%s", sc.id, r.name, r.reads)
 		o := runRow(t, name, s)
 		if o.calls == 0 {
@@ -177,6 +181,15 @@ func signalScenarios() []signalScenario {
 			}
 			return c
 		}
+	}
+	window := func(headers bool) fakeapi.Config {
+		c := fakeapi.Config{Limits: []fakeapi.Limit{fakeapi.Fixed(windowQuota, windowLength)}, Latency: signalLatency, Seed: stormSeed}
+		if headers {
+			c.Dialect = fakeapi.GitHub
+		} else {
+			c.Dialect, c.Advertise = fakeapi.IETF, false
+		}
+		return c
 	}
 	ideal := time.Duration(float64(signalWorkers) / signalRate * float64(time.Second))
 	storm := fakeapi.Storm{Share: stormShare, RetryAfter: stormWait}
@@ -246,7 +259,45 @@ func signalScenarios() []signalScenario {
 					ms(m.resends.minGap), ms(m.o.p50), ms(m.o.p99), count(m.o.failed) + " / " + count(m.o.calls)}
 			},
 		},
+		{
+			id: "D", title: fmt.Sprintf("A fixed window: the provider accepts %d per %v window (%g/s on average)", windowQuota, windowLength, windowQuota/windowLength.Seconds()),
+			rate: windowQuota / windowLength.Seconds(), burst: windowQuota, providerOf: window, headerName: "x-ratelimit-* (GitHub)",
+			intro: fmt.Sprintf("The provider counts requests in fixed %v windows aligned on the clock (as GitHub's hour is) and "+
+				"refuses the rest of a window, with a 429 whose Retry-After is the time to the window's end. With the headers "+
+				"it speaks GitHub's dialect on every response (x-ratelimit-limit, -remaining, -used, -reset in epoch seconds, "+
+				"and a 403 with remaining 0 as its refusal); without them it sends only the 429's Retry-After. Clients "+
+				"configured at 100/s, burst 10: a window's quota is spent in about %.1f s. The measures are the quota used in "+
+				"the windows wholly inside the run, and the refusals (429 or 403) after the first of those began: those at a "+
+				"window's end are the requests in flight when \"remaining 0\" comes back.", windowLength, windowQuota/float64(signalRate)),
+			columns: []string{"% of the quota, whole windows", "refusals", "refusals after the first whole window began", "p50", "p99", "failed / calls", "accepted per second"},
+			cells: func(m signalMeasure) []string {
+				from, n := m.wholeWindows(windowLength)
+				used := m.acceptedBetween(from, from+time.Duration(n)*windowLength)
+				return []string{percent(float64(used) / float64(n*windowQuota)), count(m.o.limited),
+					count(m.limitedBetween(from, signalDuration)), ms(m.o.p50), ms(m.o.p99),
+					count(m.o.failed) + " / " + count(m.o.calls), m.perSecond()}
+			},
+		},
 	}
+}
+
+// Scenario D: a fixed window of windowQuota requests per windowLength,
+// aligned on the clock.
+const (
+	windowQuota  = 120
+	windowLength = 2 * time.Second
+)
+
+// wholeWindows returns when, from the start, the first window of length w
+// aligned on the clock begins, and how many such windows lie wholly within
+// the run's 10 s.
+func (m signalMeasure) wholeWindows(w time.Duration) (from time.Duration, n int) {
+	first := m.o.start.Truncate(w)
+	if first.Before(m.o.start) {
+		first = first.Add(w)
+	}
+	from = first.Sub(m.o.start)
+	return from, int((signalDuration - from) / w)
 }
 
 // successes is the number of calls that succeeded within the run's 10 s.
