@@ -17,9 +17,10 @@ import (
 // retries what is safe to retry.
 //
 // For each request it computes the key (KeyFunc, the host by default) and the
-// cost (CostFunc, 1 by default), waits for the limiter to grant that cost
-// (and for any hold of the key to end), then sends the request through the
-// base RoundTripper. It reads every response into a Signal and hands it to
+// cost (CostFunc, 1 by default), takes one of the key's in-flight slots when
+// WithInFlightLimit caps them, waits for the limiter to grant that cost (and
+// for any hold of the key to end), then sends the request through the base
+// RoundTripper. It reads every response into a Signal and hands it to
 // the key's controller — the limiter's, when the limiter is a Learner, or
 // the Transport's own — which decides whether the key is held, its rate
 // changed, or only this request delayed (see Learner). Retry-After is capped
@@ -531,7 +532,8 @@ func (t *Transport) admit(ctx context.Context, key string, cost int, waited time
 
 // learn reads what resp says about key's limit and hands it to the key's
 // controller (the limiter's, or the Transport's own holds), which decides
-// what the key does next (inFlight is Signal.InFlight). It reports the holds and rate changes decided.
+// what the key does next (inFlight is Signal.InFlight). It reports the
+// holds and rate changes decided, and a key near its limit.
 func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time, inFlight int) (Signal, Decision) {
 	if resp == nil {
 		return Signal{Now: t.clock.Now(), SentAt: sentAt, InFlight: inFlight}, Decision{}
