@@ -30,7 +30,7 @@ func TestRouteKeys(t *testing.T) {
 		{"https://api.stripe.com/v1/customers/cus_9s6XKzkNRiz8i3", "api.stripe.com/v1/customers/{id}"},
 		{"https://api.stripe.com/v1/customers/cus_OTHER?expand=x", "api.stripe.com/v1/customers/{id}"},
 		{"https://api.stripe.com/v1/customers/search", "api.stripe.com/v1/customers/search"}, // the literal wins
-		{"https://api.stripe.com/v1/customers/", "api.stripe.com"},                          // a missing ID matches nothing
+		{"https://api.stripe.com/v1/customers/", "api.stripe.com"},                           // a missing ID matches nothing
 		{"https://api.stripe.com/v1/charges/", "api.stripe.com/v1/charges"},
 		{"https://api.stripe.com/v1/charges/ch_1/refunds", "api.stripe.com"},
 		{"https://api.github.com/repos/golang/go/issues", "api.github.com/repos/{owner}/{repo}/issues"},
