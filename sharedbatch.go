@@ -17,11 +17,11 @@ import (
 // bound holds.
 //
 // While this process already holds turns in the future for a key, the
-// bucket has no capacity to give before them anyway: the lead waits until
-// shortly before the last turn it holds, and the waiters that arrive
-// meanwhile go in one call. A process with 64 busy waiters on a key thus
-// makes about one round trip per 64 admissions instead of one each. The lead
-// exits when the queue is empty: no goroutine runs for an idle key.
+// lead waits a fifth of the way from its last call to the last turn it
+// holds (see coalesceShare), and the waiters that arrive meanwhile go in
+// one call. A process with 64 busy waiters on a key thus makes one round
+// trip per a dozen admissions instead of one each. The lead exits when the
+// queue is empty: no goroutine runs for an idle key.
 
 // batchLane is the coalescing state of one key. Its fields are guarded by
 // the shared limiter's mu.
@@ -30,7 +30,16 @@ type batchLane struct {
 	leading bool          // a lead goroutine is running for the key
 	held    time.Time     // the latest turn this process holds
 	rtt     time.Duration // the last round trip's duration
+	called  time.Time     // when the last call returned
 }
+
+// coalesceShare: while the process holds turns, the lead keeps new waiters
+// back after a call for at most 1/coalesceShare of the time to the last
+// turn held — long enough to gather the waiters of a busy key in one call
+// (64 waiters a process make one call per a dozen of them), short enough
+// that a waiter's place in the fleet's order is taken soon after it
+// arrives.
+const coalesceShare = 5
 
 func (l *batchLane) atRest(now time.Time) bool {
 	return !l.leading && len(l.queue) == 0 && !l.held.After(now)
@@ -123,8 +132,16 @@ func (s *shared) lead(id string, l *batchLane) {
 	for {
 		s.mu.Lock()
 		// Call again shortly before the last turn held, so that the new
-		// turns follow on without a gap.
+		// turns follow on without a gap; but no later than a fifth of the
+		// way from the last call to that turn: a waiter's place in the
+		// fleet's order is taken at the call, and one kept back until the
+		// last held turn would queue behind every other process's waiters
+		// that came after it. Its wait is then at most about 1.2 times
+		// the wait of a first come, first served queue.
 		due := l.held.Add(-2*l.rtt - time.Millisecond)
+		if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); cap.Before(due) {
+			due = cap
+		}
 		s.mu.Unlock()
 		if d := due.Sub(s.clock.Now()); d > 0 {
 			t := s.clock.NewTimer(d)
@@ -172,7 +189,7 @@ func (s *shared) lead(id string, l *batchLane) {
 		results, err := s.runReserve(id, batch)
 		now := s.clock.Now()
 		s.mu.Lock()
-		l.rtt = now.Sub(start)
+		l.rtt, l.called = now.Sub(start), now
 		for _, r := range results {
 			if r.code == 0 {
 				l.held = maxTime(l.held, now.Add(r.wait))
