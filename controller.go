@@ -60,9 +60,12 @@ type Decision struct {
 	// could not reach Redis); the decision was applied locally.
 	Err error
 
-	// drain: the provider's bucket is empty as of the response; a limiter
-	// of this package empties its own rather than hold the key.
+	// drain: the provider's bucket holds keep units as of the response
+	// (its remaining less the requests still in flight, which will spend
+	// it: below 0 when they are more); a limiter of this package keeps no
+	// more in its own (in debt, below 0), rather than hold the key.
 	drain bool
+	keep  float64
 }
 
 // shape is what a key's reset means, as learnt from the provider, or as
@@ -194,10 +197,20 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		if s.RetryAfter > 0 {
 			d.NotBefore = now.Add(s.RetryAfter)
 		}
+	case evNone:
+		// A bucket's count on a success, less the requests in flight: the
+		// limiter keeps no more than that in its own (Decision.drain).
+		if st.shape == shapeBucket && hasQ && !s.throttled() {
+			d.drain, d.keep = true, q.Remaining-float64(s.InFlight)
+		}
 	case evExhausted:
-		// A bucket that says "nothing left" on a success is empty now: the
+		// A bucket that says "nothing left" on a success (nothing once the
+		// requests in flight are counted) is empty now, or owes: the
 		// limiter empties its own (Decision.drain) rather than hold.
 		d.drain = st.shape == shapeBucket && !s.throttled()
+		if d.drain && hasQ {
+			d.keep = min(q.Remaining-float64(s.InFlight), 0)
+		}
 		if d.drain && cfg.discover && !st.climb.IsZero() && now.After(st.climb) && old < cfg.configured {
 			// Climbing back, and the provider has no room left: the limit is
 			// about here. Level off at the current rate rather than climb
@@ -246,7 +259,9 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 		return evOther
 	case s.throttled():
 		return evExhausted
-	case hasQ && q.Remaining == 0 && q.HasReset && q.Reset > 0:
+	case hasQ && q.Remaining-float64(s.InFlight) <= 0 && q.HasReset && q.Reset > 0:
+		// Nothing left, or the requests in flight, which the provider has
+		// not counted yet, will spend what is left.
 		return evExhausted
 	}
 	return evNone

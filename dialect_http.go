@@ -2,6 +2,7 @@ package egress
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -236,6 +237,11 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 		q.Limit, q.HasLimit = lowestAmount(limit)
 		q.Remaining, q.HasRemaining = lowestAmount(remaining)
 		q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hXRateLimitHyphenReset), s.Now, max)
+		if q.HasReset && absoluteReset(reset, s.resetUnit(hXRateLimitHyphenReset)) {
+			// A reset given as a time (Okta's and X's epoch seconds) is
+			// the end of a window: a bucket's "until full" is a delay.
+			q.Kind = ResetKindWindow
+		}
 		s.AddQuota(q)
 	}
 
@@ -246,6 +252,22 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 		q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hFastlyReset), s.Now, max)
 		s.AddQuota(q)
 	}
+}
+
+// absoluteReset reports whether a reset header's first value, read in
+// unit, is a point in time (an epoch or a timestamp) rather than a delay.
+func absoluteReset(values []string, unit ResetUnit) bool {
+	switch unit {
+	case ResetEpochSeconds, ResetEpochMillis, ResetTimestamp:
+		return true
+	case ResetAuto:
+		if len(values) == 0 {
+			return false
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(values[0]), 64)
+		return err == nil && v >= 1e9
+	}
+	return false
 }
 
 // resetUnitOr returns the unit set for header, or def when none is.

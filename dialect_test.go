@@ -210,9 +210,9 @@ func TestDialectHyphenated(t *testing.T) {
 	oktaNow := time.Unix(1609459200, 0).Add(-30 * time.Second)
 	runSigCases(t, nil, "api.x.com", []sigCase{
 		{name: "X", now: xNow, headers: []string{"x-rate-limit-limit", "900", "x-rate-limit-remaining", "847", "x-rate-limit-reset", "1705420800"},
-			want: Signal{Quotas: []Quota{{Dimension: Requests, Limit: 900, HasLimit: true, Remaining: 847, HasRemaining: true, Reset: 15 * time.Minute, HasReset: true}}}},
+			want: Signal{Quotas: []Quota{{Dimension: Requests, Limit: 900, HasLimit: true, Remaining: 847, HasRemaining: true, Reset: 15 * time.Minute, HasReset: true, Kind: ResetKindWindow}}}},
 		{name: "Okta", now: oktaNow, headers: []string{"X-Rate-Limit-Limit", "1200", "X-Rate-Limit-Remaining", "1199", "X-Rate-Limit-Reset", "1609459200"},
-			want: Signal{Quotas: []Quota{{Dimension: Requests, Limit: 1200, HasLimit: true, Remaining: 1199, HasRemaining: true, Reset: 30 * time.Second, HasReset: true}}}},
+			want: Signal{Quotas: []Quota{{Dimension: Requests, Limit: 1200, HasLimit: true, Remaining: 1199, HasRemaining: true, Reset: 30 * time.Second, HasReset: true, Kind: ResetKindWindow}}}},
 		{name: "Zendesk: X-Rate-Limit and ratelimit-* merge into one quota", headers: []string{
 			"X-Rate-Limit", "700", "X-Rate-Limit-Remaining", "699", "ratelimit-limit", "700", "ratelimit-remaining", "699", "ratelimit-reset", "41"},
 			want: Signal{Quotas: []Quota{{Dimension: Requests, Limit: 700, HasLimit: true, Remaining: 699, HasRemaining: true, Reset: 41 * time.Second, HasReset: true}}}},

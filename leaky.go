@@ -275,5 +275,11 @@ func (lb *LeakyBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	if !d.Hold.IsZero() {
 		l.next = maxTime(l.next, d.Hold)
 	}
+	if d.drain && d.keep < 0 {
+		// The requests in flight owe the provider's bucket -keep units:
+		// the next release waits for them to refill.
+		owed := time.Duration(-d.keep / l.ctl.rate(&lb.learn, s.Now) * float64(time.Second))
+		l.next = maxTime(l.next, s.Now.Add(owed))
+	}
 	return d
 }

@@ -333,8 +333,9 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 		bk.resume = maxTime(bk.resume, d.Hold)
 	}
 	if d.drain {
-		// The provider's bucket is empty: so is this one, as of now.
-		drainTo(bk.lim, bk.inOrder(s.Now), 0)
+		// The provider's bucket holds d.keep once the requests in flight
+		// are counted: this one holds no more, as of now (owing, below 0).
+		drainTo(bk.lim, bk.inOrder(s.Now), d.keep)
 	}
 	if d.Why == "throttled" {
 		// Turns reserved before the decrease go out at the old rate: the
