@@ -71,8 +71,12 @@ type InFlightOption interface {
 }
 
 type inFlightConfig struct {
-	lease time.Duration
-	errs  []error
+	lease       time.Duration
+	liveness    time.Duration // SharedInFlightLimit only
+	livenessSet bool
+	shared      sharedConfig // SharedInFlightLimit only: the shared limiters' options
+	sharedSet   bool
+	errs        []error
 }
 
 type leaseOption time.Duration
@@ -93,9 +97,11 @@ func WithLeaseTime(d time.Duration) InFlightOption { return leaseOption(d) }
 
 const defaultLeaseTime = 5 * time.Minute
 
-// inFlightSettings applies opts over the defaults and checks n.
-func inFlightSettings(op string, n int, opts []InFlightOption) (inFlightConfig, error) {
-	c := inFlightConfig{lease: defaultLeaseTime}
+// inFlightSettings applies opts over the defaults and checks n; the
+// options of a SharedInFlightLimit are refused unless shared.
+func inFlightSettings(op string, n int, opts []InFlightOption, shared bool) (inFlightConfig, error) {
+	c := inFlightConfig{lease: defaultLeaseTime, liveness: defaultLiveness,
+		shared: sharedConfig{timeout: defaultCommandTimeout, heartbeat: defaultHeartbeat}}
 	if n < 1 {
 		c.errs = append(c.errs, configError(op+": n", n, "must be at least 1"))
 	}
@@ -106,13 +112,17 @@ func inFlightSettings(op string, n int, opts []InFlightOption) (inFlightConfig, 
 		}
 		o.applyInFlight(&c)
 	}
+	c.errs = append(c.errs, c.shared.errs...)
+	if !shared && (c.sharedSet || c.livenessSet) {
+		c.errs = append(c.errs, configError(op+": option", "WithLiveness or a shared limiter's option", "applies to a SharedInFlightLimit only"))
+	}
 	return c, errors.Join(c.errs...)
 }
 
 // NewInFlightLimit returns an InFlightLimit of n requests in flight per
 // key. n must be at least 1.
 func NewInFlightLimit(n int, opts ...InFlightOption) (*InFlightLimit, error) {
-	c, err := inFlightSettings("NewInFlightLimit", n, opts)
+	c, err := inFlightSettings("NewInFlightLimit", n, opts, false)
 	if err != nil {
 		return nil, err
 	}

@@ -116,6 +116,13 @@ type sharedConfig struct {
 	errs         []error
 }
 
+// RedisOption is an option of every limiter kept in Redis: the shared rate
+// limiters (a SharedOption) and SharedInFlightLimit (an InFlightOption).
+type RedisOption interface {
+	SharedOption
+	InFlightOption
+}
+
 type sharedOptionFunc func(*sharedConfig)
 
 func (f sharedOptionFunc) applyShared(c *sharedConfig) { f(c) }
@@ -129,7 +136,7 @@ const (
 
 // WithCommandTimeout bounds each Redis command; a command that takes longer
 // counts as a failure and the request goes to the fallback. Default 50ms.
-func WithCommandTimeout(d time.Duration) SharedOption {
+func WithCommandTimeout(d time.Duration) RedisOption {
 	return sharedOptionFunc(func(c *sharedConfig) {
 		if d <= 0 {
 			c.errs = append(c.errs, configError("WithCommandTimeout", d, "must be positive"))
@@ -142,7 +149,7 @@ func WithCommandTimeout(d time.Duration) SharedOption {
 // is unreachable, instead of the default: falling back to a local limiter
 // at this instance's share of the rate, so that no request fails because
 // Redis did.
-func WithFailClosed() SharedOption {
+func WithFailClosed() RedisOption {
 	return sharedOptionFunc(func(c *sharedConfig) { c.failClosed = true })
 }
 
@@ -162,7 +169,7 @@ func WithFallbackRate(r Rate) SharedOption {
 // WithFallbackObserver sets a hook called when the limiter named name
 // switches to its local fallback (active true, with the Redis error) and
 // back to shared mode (active false). It must be quick.
-func WithFallbackObserver(f func(name string, active bool, err error)) SharedOption {
+func WithFallbackObserver(f func(name string, active bool, err error)) RedisOption {
 	return sharedOptionFunc(func(c *sharedConfig) {
 		if f == nil {
 			c.errs = append(c.errs, configError("WithFallbackObserver", "nil", "the hook must not be nil"))

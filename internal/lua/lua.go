@@ -30,3 +30,8 @@ var Control = Rate + control
 //
 //go:embed heartbeat.lua
 var Heartbeat string
+
+// Slots takes, renews and releases the in-flight leases of one key.
+//
+//go:embed slots.lua
+var Slots string
