@@ -26,11 +26,12 @@ import (
 // batchLane is the coalescing state of one key. Its fields are guarded by
 // the shared limiter's mu.
 type batchLane struct {
-	queue   []*pending    // waiting for a call
-	leading bool          // a lead goroutine is running for the key
-	held    time.Time     // the latest turn this process holds
-	rtt     time.Duration // the last round trip's duration
-	called  time.Time     // when the last call returned
+	queue    []*pending    // waiting for a call
+	leading  bool          // a lead goroutine is running for the key
+	held     time.Time     // the latest turn this process holds
+	rtt      time.Duration // the last round trip's duration
+	called   time.Time     // when the last call returned
+	heldRate float64       // the key's rate when the turns held were given, units per second
 }
 
 // coalesceShare: while the process holds turns, the lead keeps new waiters
@@ -99,8 +100,14 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		if pm, ok := s.pauses[id]; ok && pm.until.After(from) {
 			from = pm.until
 		}
+		// The queue's depth is in units: the turns held were spaced at the
+		// rate of their time, lower than r when the rate has just risen.
+		depth := durationOf(s.depth, r)
+		if l.heldRate > 0 && l.heldRate < r.PerSecond() {
+			depth = durationOf(s.depth, PerSecond(l.heldRate))
+		}
 		switch {
-		case s.depth >= 0 && l.held.Sub(from)+durationOf(after, r) > durationOf(s.depth, r):
+		case s.depth >= 0 && l.held.Sub(from)+durationOf(after, r) > depth:
 			s.mu.Unlock()
 			return reserved{code: 2, wait: wait}
 		case !p.limit.IsZero() && now.Add(wait).After(p.limit):
@@ -193,6 +200,7 @@ func (s *shared) lead(id string, l *batchLane) {
 		for _, r := range results {
 			if r.code == 0 {
 				l.held = maxTime(l.held, now.Add(r.wait))
+				l.heldRate = s.learntRateLocked(id).PerSecond()
 			}
 		}
 		s.mu.Unlock()

@@ -11,7 +11,8 @@
 --          its burst: releases spaced cost/rate apart, never a burst)
 -- ARGV[3]  queue depth in cost units: a request whose turn is more than
 --          depth/rate after the end of the key's hold (now, when it has
---          none) is refused as "queue full"; -1 for none
+--          none) is refused as "queue full" (the rate of the turns already
+--          given, when it was lower); -1 for none
 -- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
 --          (units per second)
 -- ARGV[7], ARGV[8], ...  pairs of (cost, max wait in us; -1 for none), one
@@ -25,11 +26,19 @@
 local rate = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 local interval = 1000000 / rate
 local burst = tonumber(ARGV[2])
-local queue = -1
-if tonumber(ARGV[3]) >= 0 then queue = tonumber(ARGV[3]) * interval end
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local start = math.max(now, pause)
+-- The queue's depth is in units: the turns already given were spaced at
+-- the interval of their time (ti, kept while the key has learnt state),
+-- which is longer than today's when the rate has just risen.
+local queue = -1
+if tonumber(ARGV[3]) >= 0 then
+  local qi = interval
+  local ti = tonumber(redis.call('HGET', KEYS[3], 'ti') or '0') or 0
+  if tat > start and ti > qi then qi = ti end
+  queue = tonumber(ARGV[3]) * qi
+end
 local out = {math.max(0, math.ceil(pause - now)), string.format('%.17g', rate)}
 local changed = false
 for i = 7, #ARGV, 2 do
@@ -57,5 +66,8 @@ if changed then
   -- The state matters until the bucket is full again.
   local ttl = math.ceil((tat - now) / 1000) + 1
   redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', ttl)
+  if queue >= 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('HSET', KEYS[3], 'ti', string.format('%.17g', interval))
+  end
 end
 return out
