@@ -18,8 +18,8 @@ import (
 //
 // While this process already holds turns in the future for a key, the
 // lead waits a fifth of the way from its last call to the last turn it
-// holds (see coalesceShare), and the waiters that arrive meanwhile go in
-// one call. A process with 64 busy waiters on a key thus makes one round
+// holds (see coalesceShare; a pacer's lead, until shortly before that
+// turn), and the waiters that arrive meanwhile go in one call. A process with 64 busy waiters on a key thus makes one round
 // trip per a dozen admissions instead of one each. The lead exits when the
 // queue is empty: no goroutine runs for an idle key.
 
@@ -144,9 +144,12 @@ func (s *shared) lead(id string, l *batchLane) {
 		// fleet's order is taken at the call, and one kept back until the
 		// last held turn would queue behind every other process's waiters
 		// that came after it. Its wait is then at most about 1.2 times
-		// the wait of a first come, first served queue.
+		// the wait of a first come, first served queue. (A pacer keeps its
+		// waiters back until then: its queue's depth counts what is
+		// reserved in Redis, and a process that reserved for its waiters
+		// early would fill the fleet's queue with them.)
 		due := l.held.Add(-2*l.rtt - time.Millisecond)
-		if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); cap.Before(due) {
+		if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); s.burst > 0 && cap.Before(due) {
 			due = cap
 		}
 		s.mu.Unlock()
