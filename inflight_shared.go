@@ -373,8 +373,8 @@ func (s *SharedInFlightLimit) beat() {
 	}
 }
 
-// renew extends the leases held, in one pipeline; a lease past its lease
-// time is no longer renewed and expires within the liveness period.
+// renew extends the leases held; a lease past its lease time is no longer
+// renewed and expires within the liveness period.
 func (s *SharedInFlightLimit) renew() {
 	now := time.Now()
 	s.mu.Lock()
@@ -391,15 +391,14 @@ func (s *SharedInFlightLimit) renew() {
 	if len(items) == 0 {
 		return
 	}
-	_ = s.do(func(ctx context.Context) error {
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, it := range items {
-				s.slots.Run(ctx, p, []string{s.slotsKey(it.id)}, "renew", it.lease, 0, micros(s.live))
-			}
-			return nil
+	// One call a lease (not a pipeline, in which a script the server has
+	// forgotten could not be loaded again): a lease not renewed expires
+	// within the liveness period, no sooner.
+	for _, it := range items {
+		_ = s.do(func(ctx context.Context) error {
+			return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(it.id)}, "renew", it.lease, 0, micros(s.live)).Err()
 		})
-		return err
-	})
+	}
 }
 
 // InFlight returns how many slots of key the fleet holds now, as Redis

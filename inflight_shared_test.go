@@ -257,3 +257,23 @@ func TestSharedInFlightHolder(t *testing.T) {
 	time.Sleep(time.Minute) // until killed
 	t.Fatal("not killed")
 }
+
+// TestSharedInFlightRenews: a slot held longer than the liveness period is
+// renewed by its instance, so it stays held until released.
+func TestSharedInFlightRenews(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newSharedInFlight(t, srv.Client(t), "renews", 1, WithLiveness(300*time.Millisecond))
+	ctx := context.Background()
+	release, _, err := l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	time.Sleep(time.Second) // three liveness periods
+	n, err := l.InFlight(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "renewed, still held")
+	_, _, err = l.Acquire(ctx, "k", 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrTooManyInFlight)
+	release()
+	n, err = l.InFlight(ctx, "k")
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
