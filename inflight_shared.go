@@ -13,7 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/lua"
 )
 
@@ -24,30 +23,38 @@ import (
 // A slot is a lease in Redis, in a sorted set per key, taken and given
 // back by one script call on the server's clock. A lease lives for
 // WithLiveness (10 s by default) unless its instance renews it; each
-// instance renews the leases it holds every third of that, for at most
-// WithLeaseTime (5 minutes). So an instance killed with kill -9 gives its
-// slots back within the liveness period, and a body nobody closes gives
-// its slot back at its lease time. A waiter is woken when a slot of its
-// key is released anywhere in the fleet (a message on the limiter's
-// channel), when the earliest lease expires, or at the latest every
-// slotPoll; waiters of one key are not served in a fleet-wide order.
+// instance renews the leases it holds every third of that, up to
+// WithLeaseTime (5 minutes), at which the lease ends. So an instance
+// killed with kill -9 gives its slots back within the liveness period, and
+// a body nobody closes gives its slot back at its lease time. A release
+// wakes one waiter of the key in each instance (a message on the limiter's
+// channel); a waiter also tries again when the earliest lease of its key
+// expires, and at the latest every slotPoll (100 ms). Waiters of one key
+// are not served in a fleet-wide order.
 //
 // While Redis is unreachable (errors, or commands slower than
 // WithCommandTimeout) each instance falls back to a local InFlightLimit of
-// its share of n: ceil(n / live instances), counted from a heartbeat;
-// during an outage the fleet may thus have up to live × share in flight.
-// WithFailClosed makes Acquire fail with ErrSharedUnavailable instead.
-// Slots taken in the fallback are freed there.
+// its share of n, ceil(n / live instances), the live instances counted
+// from a heartbeat; during an outage the fleet may thus have up to live ×
+// share requests of a key in flight. Once Redis answers again, the slots
+// still held through the fallback are added to Redis, so that they count
+// against n until they are released. WithFailClosed makes Acquire fail
+// with ErrSharedUnavailable instead. WithFallbackObserver is told of each
+// switch.
 //
 // Keys in Redis: egress:{<name>:<key hash>}:slots per key (each key's
-// leases in one Cluster slot), egress:{<name>}:slot-members for the
-// heartbeat, and the channel egress:{<name>}:slots. Close stops the
-// background goroutine and gives back the leases the instance holds.
+// leases in one Cluster slot, different keys spread over the Cluster),
+// egress:{<name>}:slot-members for the heartbeat, and the channel
+// egress:{<name>}:slots. Each expires when unused.
+//
+// Close stops the background goroutine and gives back the leases the
+// instance holds. A SharedInFlightLimit is safe for simultaneous use by
+// multiple goroutines.
 type SharedInFlightLimit struct {
 	rdb     redis.UniversalClient
 	name    string
 	n       int
-	lease   time.Duration // the longest a lease is renewed
+	lease   time.Duration // the longest a slot is held
 	live    time.Duration // a lease's life in Redis unless renewed
 	cfg     sharedConfig
 	id      string // this instance
@@ -55,27 +62,33 @@ type SharedInFlightLimit struct {
 	beating *redis.Script
 
 	mu      sync.Mutex
-	held    map[string]heldLease       // lease id → lease; guarded by mu
-	waiters map[string][]chan struct{} // key id → waiters to wake; guarded by mu
+	held    map[string]heldLease       // lease id → lease held in Redis; guarded by mu
+	local   map[string]heldLease       // lease id → slot held through the fallback; guarded by mu
+	orphans map[string]string          // lease id → key id, to remove from Redis; guarded by mu
+	waiters map[string][]chan struct{} // key id → waiters to wake, oldest first; guarded by mu
 	seq     uint64                     // guarded by mu
 
-	fallback atomic.Pointer[InFlightLimit]
-	liveN    atomic.Int64
-	stop     chan struct{}
-	done     chan struct{}
-	closed   sync.Once
+	fallback   atomic.Pointer[InFlightLimit] // non-nil while Redis is unreachable
+	liveN      atomic.Int64
+	roundTrips atomic.Int64
+	admitted   atomic.Int64
+	stop       chan struct{}
+	done       chan struct{}
+	closed     sync.Once
 }
 
-// heldLease is a lease this instance holds.
+// heldLease is a slot this instance holds.
 type heldLease struct {
 	keyID string
-	until time.Time // renewed until then (the lease time)
+	until time.Time // the end of its lease time
 }
 
 // The defaults and bounds of the shared in-flight limit.
 const (
 	defaultLiveness = 10 * time.Second
 	slotPoll        = 100 * time.Millisecond // the longest a waiter sleeps without trying again
+	slotMembersTTL  = 3 * time.Second        // an instance counts as live this long after its heartbeat
+	maxOrphans      = 4096                   // beyond, a lost lease just expires
 )
 
 type livenessOption time.Duration
@@ -89,7 +102,8 @@ func (o livenessOption) applyInFlight(c *inFlightConfig) {
 
 // WithLiveness sets how long a SharedInFlightLimit's lease lives in Redis
 // unless its instance renews it: how soon the slots of an instance that
-// died come back. Default 10 seconds; it must be positive.
+// died come back. Its instance renews it every third of that. Default 10
+// seconds; it must be positive.
 func WithLiveness(d time.Duration) InFlightOption { return livenessOption(d) }
 
 // The shared limiters' options (WithCommandTimeout, WithFailClosed,
@@ -100,9 +114,12 @@ func (f sharedOptionFunc) applyInFlight(c *inFlightConfig) {
 }
 
 // NewSharedInFlightLimit returns a limit of n requests in flight per key
-// for the fleet of instances that share name through rdb. n must be at
-// least 1; name as for NewSharedTokenBucket. WithFallbackRate does not
-// apply.
+// for the fleet of instances that share name through rdb (a plain,
+// failover or cluster client). n must be at least 1; the name is 1 to 64
+// letters, digits, '.', '_' or '-'. Its options are WithLeaseTime,
+// WithLiveness, WithCommandTimeout, WithFailClosed and
+// WithFallbackObserver. It does not contact Redis (a Redis that is down at
+// start means fallback mode).
 func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts ...InFlightOption) (*SharedInFlightLimit, error) {
 	const op = "NewSharedInFlightLimit"
 	if rdb == nil || isNilPointer(rdb) {
@@ -119,13 +136,14 @@ func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts 
 		return nil, configError(op+": WithFallbackRate", c.shared.fallbackRate, "does not apply to an in-flight limit (its fallback is a share of n)")
 	}
 	var id [8]byte
-	rand.Read(id[:])
+	_, _ = rand.Read(id[:])
 	s := &SharedInFlightLimit{
 		rdb: rdb, name: name, n: n, lease: c.lease, live: c.liveness, cfg: c.shared,
 		id:    hex.EncodeToString(id[:]),
 		slots: redis.NewScript(lua.Slots), beating: redis.NewScript(lua.Heartbeat),
-		held: map[string]heldLease{}, waiters: map[string][]chan struct{}{},
-		stop: make(chan struct{}), done: make(chan struct{}),
+		held: map[string]heldLease{}, local: map[string]heldLease{}, orphans: map[string]string{},
+		waiters: map[string][]chan struct{}{},
+		stop:    make(chan struct{}), done: make(chan struct{}),
 	}
 	s.liveN.Store(1)
 	go s.background()
@@ -138,7 +156,11 @@ func (s *SharedInFlightLimit) slotsKey(id string) string {
 func (s *SharedInFlightLimit) membersKey() string { return "egress:{" + s.name + "}:slot-members" }
 func (s *SharedInFlightLimit) channel() string    { return "egress:{" + s.name + "}:slots" }
 
-// Acquire implements InFlightLimiter.
+// Acquire implements InFlightLimiter. Waiting in Redis, it returns a
+// *LimitError with ReasonInFlight when maxWait (> 0) passes, ctx.Err()
+// when ctx ends (a slot granted meanwhile is given back at once), and an
+// error matching ErrSharedUnavailable when Redis is unreachable and the
+// limit fails closed.
 func (s *SharedInFlightLimit) Acquire(ctx context.Context, key string, maxWait time.Duration) (func(), time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
@@ -152,59 +174,99 @@ func (s *SharedInFlightLimit) Acquire(ctx context.Context, key string, maxWait t
 		expired = t.C
 	}
 	for {
+		select {
+		case <-s.stop:
+			return nil, time.Since(start), s.errClosed()
+		default:
+		}
 		if fb := s.fallback.Load(); fb != nil {
-			waited := time.Since(start)
-			if maxWait > 0 && waited >= maxWait {
-				return nil, waited, &LimitError{Key: key, Cost: 1, Reason: ReasonInFlight, Wait: waited}
-			}
-			release, w, err := fb.Acquire(ctx, key, remaining(maxWait, waited))
-			return release, waited + w, err
+			return s.acquireLocal(ctx, fb, key, id, start, maxWait)
 		}
 		wake := s.register(id)
 		lease := s.newLease()
 		got, wait, err := s.try(id, lease)
-		if err != nil {
-			s.unregister(id, wake)
-			if s.cfg.failClosed {
-				return nil, time.Since(start), fmt.Errorf("%w: %s: %v", ErrSharedUnavailable, s.name, err)
-			}
+		switch {
+		case err != nil:
+			s.leave(id, wake)
+			s.orphan(id, lease) // in case the server took it and the reply was lost
 			s.failed(err)
-			continue
-		}
-		if got {
-			s.unregister(id, wake)
+			if ctx.Err() != nil {
+				return nil, time.Since(start), ctx.Err()
+			}
+			continue // to the fallback
+		case got:
+			s.leave(id, wake)
+			if ctx.Err() != nil {
+				s.release(id, lease) // its waiter has gone
+				return nil, time.Since(start), ctx.Err()
+			}
 			return s.releaser(id, lease), time.Since(start), nil
 		}
 		t := time.NewTimer(min(max(wait, time.Millisecond), slotPoll))
 		select {
-		case <-wake:
+		case <-wake: // unregistered by wake
 		case <-t.C:
+			s.unregister(id, wake) // tries again, woken or not
 		case <-expired:
-			t.Stop()
-			s.unregister(id, wake)
+			s.leave(id, wake)
 			waited := time.Since(start)
 			return nil, waited, &LimitError{Key: key, Cost: 1, Reason: ReasonInFlight, Wait: waited}
 		case <-ctx.Done():
-			t.Stop()
-			s.unregister(id, wake)
+			s.leave(id, wake)
 			return nil, time.Since(start), ctx.Err()
 		case <-s.stop:
-			t.Stop()
-			s.unregister(id, wake)
-			return nil, time.Since(start), fmt.Errorf("egress: shared in-flight limit %s: closed", s.name)
+			s.leave(id, wake)
+			return nil, time.Since(start), s.errClosed()
 		}
 		t.Stop()
-		s.unregister(id, wake)
 	}
+}
+
+// acquireLocal takes a slot of the fallback fb while Redis is
+// unreachable, or fails when the limit fails closed.
+func (s *SharedInFlightLimit) acquireLocal(ctx context.Context, fb *InFlightLimit, key, id string, start time.Time, maxWait time.Duration) (func(), time.Duration, error) {
+	waited := time.Since(start)
+	if s.cfg.failClosed {
+		return nil, waited, fmt.Errorf("%w: %s", ErrSharedUnavailable, s.name)
+	}
+	if maxWait > 0 && waited >= maxWait {
+		return nil, waited, &LimitError{Key: key, Cost: 1, Reason: ReasonInFlight, Wait: waited}
+	}
+	release, w, err := fb.Acquire(ctx, key, remaining(maxWait, waited))
+	if err != nil {
+		return nil, waited + w, err
+	}
+	lease := s.newLease()
+	s.mu.Lock()
+	s.local[lease] = heldLease{keyID: id, until: time.Now().Add(s.lease)}
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			release()
+			s.mu.Lock()
+			_, local := s.local[lease]
+			delete(s.local, lease)
+			s.mu.Unlock()
+			if !local { // adopted into Redis since
+				s.release(id, lease)
+			}
+		})
+	}, waited + w, nil
+}
+
+func (s *SharedInFlightLimit) errClosed() error {
+	return fmt.Errorf("egress: shared in-flight limit %s: closed", s.name)
 }
 
 // try runs the acquire script for lease on key id: whether it got a slot,
 // and if not how long until the earliest lease expires.
 func (s *SharedInFlightLimit) try(id, lease string) (bool, time.Duration, error) {
+	s.roundTrips.Add(1)
 	var reply []int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		reply, err = s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(s.live)).Int64Slice()
+		reply, err = s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(min(s.live, s.lease))).Int64Slice()
 		return err
 	})
 	if err != nil {
@@ -214,6 +276,7 @@ func (s *SharedInFlightLimit) try(id, lease string) (bool, time.Duration, error)
 		return false, 0, fmt.Errorf("egress: shared in-flight limit %s: malformed reply %v", s.name, reply)
 	}
 	if reply[0] == 1 {
+		s.admitted.Add(1)
 		s.mu.Lock()
 		s.held[lease] = heldLease{keyID: id, until: time.Now().Add(s.lease)}
 		s.mu.Unlock()
@@ -228,19 +291,45 @@ func (s *SharedInFlightLimit) releaser(id, lease string) func() {
 	return func() { once.Do(func() { s.release(id, lease) }) }
 }
 
-// release gives lease back and tells the fleet's waiters of key id. An
-// error leaves the lease to expire within the liveness period.
+// release gives lease back, which tells the fleet's waiters of key id. A
+// lease that cannot be removed now is removed once Redis answers again, or
+// expires within the liveness period.
 func (s *SharedInFlightLimit) release(id, lease string) {
 	s.mu.Lock()
 	_, ok := s.held[lease]
 	delete(s.held, lease)
 	s.mu.Unlock()
 	if !ok {
-		return // its lease time ended: no longer renewed, soon gone
+		return // its lease time ended: it has expired in Redis
 	}
-	_ = s.do(func(ctx context.Context) error {
-		return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, "release", lease, 0, 0, s.channel(), id).Err()
+	if s.fallback.Load() != nil || s.releaseAll(id, lease) != nil {
+		s.orphan(id, lease)
+	}
+}
+
+// releaseAll removes the leases of key id from Redis.
+func (s *SharedInFlightLimit) releaseAll(id string, leases ...string) error {
+	args := append([]any{"release", s.channel(), id}, anys(leases)...)
+	return s.do(func(ctx context.Context) error {
+		return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, args...).Err()
 	})
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, v := range ss {
+		out[i] = v
+	}
+	return out
+}
+
+// orphan records a lease to remove from Redis once it answers again.
+func (s *SharedInFlightLimit) orphan(id, lease string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.orphans) < maxOrphans {
+		s.orphans[lease] = id
+	}
 }
 
 func (s *SharedInFlightLimit) newLease() string {
@@ -259,32 +348,50 @@ func (s *SharedInFlightLimit) register(id string) chan struct{} {
 	return ch
 }
 
-func (s *SharedInFlightLimit) unregister(id string, ch chan struct{}) {
+// unregister removes the waiter ch of key id; it reports false when ch was
+// no longer there: wake took it.
+func (s *SharedInFlightLimit) unregister(id string, ch chan struct{}) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ws := s.waiters[id]
 	for i, w := range ws {
 		if w == ch {
 			ws = append(ws[:i], ws[i+1:]...)
-			break
+			if len(ws) == 0 {
+				delete(s.waiters, id)
+			} else {
+				s.waiters[id] = ws
+			}
+			return true
 		}
 	}
-	if len(ws) == 0 {
-		delete(s.waiters, id)
-	} else {
-		s.waiters[id] = ws
+	return false
+}
+
+// leave removes the waiter ch of key id, which will not try again: a wake
+// it was given goes on to the next waiter.
+func (s *SharedInFlightLimit) leave(id string, ch chan struct{}) {
+	if !s.unregister(id, ch) {
+		s.wake(id)
 	}
 }
 
-// wake wakes the waiters of key id: a slot of it was released.
+// wake wakes the oldest waiter of key id: a slot of it was released.
 func (s *SharedInFlightLimit) wake(id string) {
 	s.mu.Lock()
 	ws := s.waiters[id]
-	delete(s.waiters, id)
-	s.mu.Unlock()
-	for _, w := range ws {
-		close(w)
+	if len(ws) == 0 {
+		s.mu.Unlock()
+		return
 	}
+	w := ws[0]
+	if len(ws) == 1 {
+		delete(s.waiters, id)
+	} else {
+		s.waiters[id] = ws[1:]
+	}
+	s.mu.Unlock()
+	close(w)
 }
 
 // do runs f with the command timeout, returning when it passes even if f
@@ -302,14 +409,14 @@ func (s *SharedInFlightLimit) do(f func(context.Context) error) error {
 	}
 }
 
-// failed enters the fallback: a local limit of this instance's share of n.
+// failed enters the fallback: a local limit of this instance's share of n
+// (unused when the limit fails closed, whose Acquire then refuses).
 func (s *SharedInFlightLimit) failed(err error) {
-	if s.cfg.failClosed || s.fallback.Load() != nil {
-		return // fail-closed: every Acquire asks Redis, and fails while it is down
+	if s.fallback.Load() != nil {
+		return
 	}
 	live := int(max(1, s.liveN.Load()))
-	share := (s.n + live - 1) / live
-	fb := &InFlightLimit{n: share, lease: s.lease, clock: clock.Real{}, keys: make(map[string]*slots)}
+	fb, _ := NewInFlightLimit((s.n+live-1)/live, WithLeaseTime(s.lease))
 	if s.fallback.CompareAndSwap(nil, fb) && s.cfg.onFallback != nil {
 		s.cfg.onFallback(s.name, true, err)
 	}
@@ -323,7 +430,7 @@ func (s *SharedInFlightLimit) background() {
 	msgs := sub.Channel()
 	defer func() { _ = sub.Close() }()
 	s.beat()
-	beat := time.NewTicker(time.Second / 4)
+	beat := time.NewTicker(defaultHeartbeat / 4)
 	defer beat.Stop()
 	renew := time.NewTicker(s.live / 3)
 	defer renew.Stop()
@@ -334,12 +441,13 @@ func (s *SharedInFlightLimit) background() {
 			return
 		case m, ok := <-msgs:
 			if !ok {
-				msgs = nil
+				msgs = nil // the client was closed: subscribe again once Redis answers
 				continue
 			}
 			s.wake(m.Payload)
 		case now := <-beat.C:
-			if s.fallback.Load() != nil || now.Sub(last) >= time.Second {
+			// Beat once a second; probe four times as often in fallback.
+			if s.fallback.Load() != nil || now.Sub(last) >= defaultHeartbeat {
 				s.beat()
 				last = now
 			}
@@ -349,18 +457,24 @@ func (s *SharedInFlightLimit) background() {
 				msgs = sub.Channel()
 			}
 		case <-renew.C:
-			s.renew()
+			if s.fallback.Load() == nil {
+				s.renew()
+			}
 		}
 	}
 }
 
 // beat records this instance as live and counts the fleet; a failure
-// enters the fallback, a success leaves it.
+// enters the fallback, a success leaves it, adds the slots taken in the
+// fallback to Redis and removes the leases left there.
 func (s *SharedInFlightLimit) beat() {
+	if c, ok := s.rdb.(interface{ ReloadState(context.Context) }); ok && s.fallback.Load() != nil {
+		c.ReloadState(context.Background()) // a Cluster client learns a promoted replica
+	}
 	var n int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		n, err = s.beating.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, (3 * time.Second).Milliseconds(), 1).Int64()
+		n, err = s.beating.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 1).Int64()
 		return err
 	})
 	if err != nil {
@@ -368,36 +482,106 @@ func (s *SharedInFlightLimit) beat() {
 		return
 	}
 	s.liveN.Store(max(1, n))
-	if s.fallback.Swap(nil) != nil && s.cfg.onFallback != nil {
+	left := s.fallback.Swap(nil) != nil
+	s.adopt()
+	s.removeOrphans()
+	if left && s.cfg.onFallback != nil {
 		s.cfg.onFallback(s.name, false, nil)
 	}
 }
 
-// renew extends the leases held; a lease past its lease time is no longer
-// renewed and expires within the liveness period.
-func (s *SharedInFlightLimit) renew() {
-	now := time.Now()
-	s.mu.Lock()
-	type item struct{ lease, id string }
-	var items []item
-	for lease, h := range s.held {
-		if now.After(h.until) {
-			delete(s.held, lease)
+// leases groups the leases of m by key id, with the life each is given in
+// Redis: the liveness period, or less when its lease time ends sooner. A
+// lease whose lease time has ended is dropped from m. s.mu is held.
+func (s *SharedInFlightLimit) leases(m map[string]heldLease, now time.Time) map[string][]string {
+	by := map[string][]string{}
+	for lease, h := range m {
+		if !h.until.After(now) {
+			delete(m, lease) // ended: expired in Redis, or taken back by the fallback
 			continue
 		}
-		items = append(items, item{lease, h.keyID})
+		by[h.keyID] = append(by[h.keyID], lease, strconv.FormatInt(micros(min(s.live, h.until.Sub(now))), 10))
+	}
+	return by
+}
+
+// renew extends the leases held, up to their lease time; a lease Redis
+// lost (restarted, or down longer than the liveness period) is added back.
+func (s *SharedInFlightLimit) renew() {
+	s.mu.Lock()
+	by := s.leases(s.held, time.Now())
+	s.mu.Unlock()
+	for id, pairs := range by {
+		var reply []int64
+		err := s.do(func(ctx context.Context) error {
+			var err error
+			reply, err = s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, append([]any{"renew"}, anys(pairs)...)...).Int64Slice()
+			return err
+		})
+		if err == nil && len(reply) == 2 && reply[0] < int64(len(pairs)/2) {
+			s.restore(id, pairs)
+		}
+	}
+}
+
+// adopt adds to Redis the slots held through the fallback, so that they
+// count against n until released.
+func (s *SharedInFlightLimit) adopt() {
+	s.mu.Lock()
+	by := s.leases(s.local, time.Now())
+	s.mu.Unlock()
+	for id, pairs := range by {
+		s.restore(id, pairs)
+	}
+}
+
+// restore adds the leases of key id (pairs of lease id and life) that
+// Redis lacks; then those still held, in Redis or through the fallback,
+// are held in Redis, and those released meanwhile are removed again.
+func (s *SharedInFlightLimit) restore(id string, pairs []string) {
+	err := s.do(func(ctx context.Context) error {
+		return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, append([]any{"adopt"}, anys(pairs)...)...).Err()
+	})
+	if err != nil {
+		return // next time
+	}
+	var gone []string
+	s.mu.Lock()
+	for i := 0; i < len(pairs); i += 2 {
+		lease := pairs[i]
+		if h, ok := s.local[lease]; ok {
+			delete(s.local, lease)
+			s.held[lease] = h
+		} else if _, ok := s.held[lease]; !ok {
+			gone = append(gone, lease)
+		}
 	}
 	s.mu.Unlock()
-	if len(items) == 0 {
-		return
+	if len(gone) > 0 && s.releaseAll(id, gone...) != nil {
+		for _, lease := range gone {
+			s.orphan(id, lease)
+		}
 	}
-	// One call a lease (not a pipeline, in which a script the server has
-	// forgotten could not be loaded again): a lease not renewed expires
-	// within the liveness period, no sooner.
-	for _, it := range items {
-		_ = s.do(func(ctx context.Context) error {
-			return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(it.id)}, "renew", it.lease, 0, micros(s.live)).Err()
-		})
+}
+
+// removeOrphans removes from Redis the leases released, or perhaps
+// granted to a waiter that had gone, while Redis did not answer.
+func (s *SharedInFlightLimit) removeOrphans() {
+	s.mu.Lock()
+	by := map[string][]string{}
+	for lease, id := range s.orphans {
+		by[id] = append(by[id], lease)
+	}
+	s.mu.Unlock()
+	for id, leases := range by {
+		if s.releaseAll(id, leases...) != nil {
+			continue
+		}
+		s.mu.Lock()
+		for _, lease := range leases {
+			delete(s.orphans, lease)
+		}
+		s.mu.Unlock()
 	}
 }
 
@@ -416,31 +600,51 @@ func (s *SharedInFlightLimit) InFlight(ctx context.Context, key string) (int, er
 	return int(n), err
 }
 
-// Fallback reports whether the limit runs on its local fallback now.
+// Fallback reports whether the limit runs on its local fallback now (or,
+// failing closed, refuses).
 func (s *SharedInFlightLimit) Fallback() bool { return s.fallback.Load() != nil }
+
+// Stats returns the limit's counters: RoundTrips counts the acquire
+// scripts run, Admitted the slots Redis granted.
+func (s *SharedInFlightLimit) Stats() SharedStats {
+	return SharedStats{
+		RoundTrips:    s.roundTrips.Load(),
+		Admitted:      s.admitted.Load(),
+		Fallback:      s.fallback.Load() != nil,
+		LiveInstances: int(s.liveN.Load()),
+	}
+}
 
 // Close stops the background goroutine, gives back the leases this
 // instance holds and removes it from the fleet's count. Requests still
-// holding slots free nothing more after Close.
+// holding slots free nothing more after Close, and Acquire fails. A lease
+// that cannot be given back (Redis down) expires within the liveness
+// period.
 func (s *SharedInFlightLimit) Close() error {
 	var err error
 	s.closed.Do(func() {
 		close(s.stop)
 		<-s.done
 		s.mu.Lock()
-		held := s.held
-		s.held = map[string]heldLease{}
+		by := map[string][]string{}
+		for lease, h := range s.held {
+			by[h.keyID] = append(by[h.keyID], lease)
+		}
+		for lease, id := range s.orphans {
+			by[id] = append(by[id], lease)
+		}
+		s.held, s.local, s.orphans = map[string]heldLease{}, map[string]heldLease{}, map[string]string{}
 		s.mu.Unlock()
 		var errs []error
-		for lease, h := range held {
-			errs = append(errs, s.do(func(ctx context.Context) error {
-				return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(h.keyID)}, "release", lease, 0, 0, s.channel(), h.keyID).Err()
-			}))
+		for id, leases := range by {
+			errs = append(errs, s.releaseAll(id, leases...))
 		}
 		errs = append(errs, s.do(func(ctx context.Context) error {
-			return s.beating.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, (3 * time.Second).Milliseconds(), 0).Err()
+			return s.beating.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 0).Err()
 		}))
-		err = errors.Join(errs...)
+		if e := errors.Join(errs...); e != nil {
+			err = fmt.Errorf("egress: shared in-flight limit %s: close: %w", s.name, e)
+		}
 	})
 	return err
 }

@@ -2,37 +2,65 @@
 -- Redis server's clock.
 --
 -- KEYS[1]  the key's leases: a sorted set of lease id -> expiry (us)
--- ARGV[1]  what to do: "acquire", "renew" or "release"
--- ARGV[2]  the lease id
--- ARGV[3]  acquire: the most leases the key may hold
--- ARGV[4]  acquire, renew: how long a lease lives unless renewed (us)
--- ARGV[5]  release: the channel on which to announce the free slot
--- ARGV[6]  release: the payload, the key's id
+-- ARGV[1]  what to do, and its arguments:
+--   "acquire", lease id, the most leases the key may hold, life (us):
+--     take a lease if fewer than that many are live. Returns {1, 0} when
+--     taken, {0, wait} when every slot is held, wait being the time (us)
+--     until the earliest lease expires.
+--   "adopt", then pairs of lease id and life (us): add the leases whatever
+--     the count (slots taken while Redis was unreachable). Returns {added, 0}.
+--   "renew", then pairs of lease id and life (us): extend the leases that
+--     are still there, never adding one (a lease released or expired stays
+--     gone). Returns {renewed, 0}.
+--   "release", channel, payload, then lease ids: remove the leases, and
+--     announce each one removed on the channel. Returns {removed, 0}.
 --
--- Returns {1, 0} when a lease is taken (acquire), renewed or released, {0,
--- 0} when renew or release found no such lease, and {0, wait} when acquire
--- found every slot held, wait being the time (us) until the earliest lease
--- expires.
+-- The key expires a second after its last lease, so idle keys vanish.
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
+
+local function score(us)
+  return string.format('%.0f', now + tonumber(us))
+end
+
+-- keep sets the key's TTL past its latest lease (whoever's it is).
+local function keep()
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if last[2] then
+    local ms = math.ceil((tonumber(last[2]) - now) / 1000)
+    redis.call('PEXPIRE', KEYS[1], math.max(ms, 1) + 1000)
+  end
+end
+
 if op == 'release' then
-  local n = redis.call('ZREM', KEYS[1], ARGV[2])
-  if n > 0 then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
+  local n = 0
+  for i = 4, #ARGV do
+    if redis.call('ZREM', KEYS[1], ARGV[i]) > 0 then
+      n = n + 1
+      redis.call('PUBLISH', ARGV[2], ARGV[3])
+    end
+  end
   return {n, 0}
 end
-local live = tonumber(ARGV[4])
-local ttl = math.ceil(live / 1000) + 1000
-if op == 'renew' then
-  local n = redis.call('ZADD', KEYS[1], 'XX', 'CH', string.format('%.0f', now + live), ARGV[2])
-  if n > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+
+if op == 'renew' or op == 'adopt' then
+  local flag = 'XX'
+  if op == 'adopt' then flag = 'NX' end
+  local n = 0
+  for i = 2, #ARGV - 1, 2 do
+    n = n + redis.call('ZADD', KEYS[1], flag, 'CH', score(ARGV[i + 1]), ARGV[i])
+  end
+  keep()
   return {n, 0}
 end
+
+-- acquire
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[1], string.format('%.0f', now + live), ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('ZADD', KEYS[1], score(ARGV[4]), ARGV[2])
+  keep()
   return {1, 0}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
