@@ -3,6 +3,7 @@ package egress
 import (
 	"bufio"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -74,10 +75,16 @@ func TestSharedInFlightFleetCap(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client := tc.client(t)
 			const n, instances, workers, each = 4, 3, 8, 15
-			up := newInFlightServer(t, 5*time.Millisecond)
+			const hold = 5 * time.Millisecond
+			up := newInFlightServer(t, hold)
 			var wg sync.WaitGroup
+			var limits []*SharedInFlightLimit
 			for range instances {
 				l := newSharedInFlight(t, client(), "fleet-cap", n)
+				limits = append(limits, l)
+			}
+			start := time.Now()
+			for _, l := range limits {
 				tr := mustNewTransport(t, up.pooled(t), WithInFlightLimit(l))
 				for range workers {
 					wg.Add(1)
@@ -94,9 +101,27 @@ func TestSharedInFlightFleetCap(t *testing.T) {
 				}
 			}
 			wg.Wait()
-			assert.Equal(t, instances*workers*each, up.count())
+			took := time.Since(start)
+			const total = instances * workers * each
+			ideal := total * hold / n
+			var trips, admitted int64
+			for _, l := range limits {
+				trips += l.Stats().RoundTrips
+				admitted += l.Stats().Admitted
+			}
+			t.Logf("%d requests in %v (the cap's ideal %v: %.0f%% used); at most %d in flight; %.1f acquire scripts a request",
+				total, took, ideal, 100*float64(ideal)/float64(took), up.most.Load(), float64(trips)/float64(admitted))
+			assert.Equal(t, total, up.count())
+			assert.Equal(t, int64(total), admitted)
 			assert.LessOrEqual(t, up.most.Load(), int64(n), "never more than n in flight across the fleet")
 			assert.Equal(t, int64(n), up.most.Load(), "the cap is used")
+			assert.Less(t, took, 8*ideal, "slots are reused promptly")
+			assert.Less(t, float64(trips)/float64(admitted), 8.0, "waiters do not spin")
+			for _, l := range limits {
+				m, err := l.InFlight(context.Background(), up.host())
+				require.NoError(t, err)
+				assert.Zero(t, m, "every slot given back")
+			}
 		})
 	}
 }
@@ -149,11 +174,12 @@ func TestSharedInFlightLeaves(t *testing.T) {
 }
 
 // TestSharedInFlightUnclosedBody: through a Transport, a body nobody
-// closes gives its slot back when its lease time ends (renewals stop,
-// and the lease expires within the liveness period).
+// closes gives its slot back when its lease time ends: its lease in Redis
+// ends then, however long the liveness period.
 func TestSharedInFlightUnclosedBody(t *testing.T) {
 	srv := redistest.Start(t)
-	l := newSharedInFlight(t, srv.Client(t), "unclosed", 1, WithLeaseTime(300*time.Millisecond), WithLiveness(300*time.Millisecond))
+	const lease = 300 * time.Millisecond // the liveness stays 10 s
+	l := newSharedInFlight(t, srv.Client(t), "unclosed", 1, WithLeaseTime(lease))
 	up := newInFlightServer(t, 0)
 	tr := mustNewTransport(t, up.pooled(t), WithInFlightLimit(l))
 	leaked, err := tr.RoundTrip(newPlainGet(t, context.Background(), up.URL))
@@ -164,38 +190,178 @@ func TestSharedInFlightUnclosedBody(t *testing.T) {
 	took := time.Since(start)
 	resp.Body.Close()
 	t.Logf("the next request went %v after the leaked one", took)
-	assert.GreaterOrEqual(t, took, 300*time.Millisecond, "not before the lease time")
-	assert.Less(t, took, 300*time.Millisecond+300*time.Millisecond+slotPoll+200*time.Millisecond, "within the liveness after it")
+	assert.GreaterOrEqual(t, took, lease-10*time.Millisecond, "not before the lease time")
+	assert.Less(t, took, lease+slotPoll+150*time.Millisecond, "at the lease time, not a liveness period later")
 	leaked.Body.Close()
 }
 
 // TestSharedInFlightFallback: with Redis down, each instance falls back to
 // its share of n (here 3 live instances of n = 3: 1 each), and returns to
-// shared mode once Redis is back; fail-closed refuses instead.
+// shared mode once Redis is back, where the slots held through the outage
+// (one taken before it, one in the fallback) count against n again;
+// fail-closed refuses instead, at once after the first failure. Both tell
+// their observer of each switch.
 func TestSharedInFlightFallback(t *testing.T) {
 	srv := redistest.Start(t)
-	var switches atomic.Int64
-	obs := WithFallbackObserver(func(string, bool, error) { switches.Add(1) })
-	a := newSharedInFlight(t, srv.Client(t), "fallback", 3, obs, WithCommandTimeout(100*time.Millisecond))
-	newSharedInFlight(t, srv.Client(t), "fallback", 3, WithCommandTimeout(100*time.Millisecond)) // a third instance
-	closed := newSharedInFlight(t, srv.Client(t), "fallback", 3, WithFailClosed(), WithCommandTimeout(100*time.Millisecond))
-	spinUntil(t, "three live instances", func() bool { return a.liveN.Load() == 3 })
-	srv.Stop()
+	var switches, closedSwitches atomic.Int64
+	fast := WithCommandTimeout(100 * time.Millisecond)
+	a := newSharedInFlight(t, srv.Client(t), "fallback", 3, fast, WithLiveness(600*time.Millisecond),
+		WithFallbackObserver(func(string, bool, error) { switches.Add(1) }))
+	newSharedInFlight(t, srv.Client(t), "fallback", 3, fast) // a third instance
+	closed := newSharedInFlight(t, srv.Client(t), "fallback", 3, fast, WithFailClosed(),
+		WithFallbackObserver(func(string, bool, error) { closedSwitches.Add(1) }))
+	spinUntil(t, "three live instances", func() bool { return a.Stats().LiveInstances == 3 })
 	ctx := context.Background()
-	release, _, err := a.Acquire(ctx, "k", 0)
+	before, _, err := a.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+
+	srv.Stop()
+	during, _, err := a.Acquire(ctx, "k", 0)
 	require.NoError(t, err)
 	require.True(t, a.Fallback())
 	_, _, err = a.Acquire(ctx, "k", 50*time.Millisecond)
-	require.ErrorIs(t, err, ErrTooManyInFlight, "the share is used up")
+	require.ErrorIs(t, err, ErrTooManyInFlight, "the share (1) is used up")
 	_, _, err = closed.Acquire(ctx, "k", 0)
 	require.ErrorIs(t, err, ErrSharedUnavailable)
-	release()
-	srv.Restart(t)
-	spinUntil(t, "back in shared mode", func() bool { return !a.Fallback() })
-	r, _, err := a.Acquire(ctx, "k", time.Second)
+	start := time.Now()
+	_, _, err = closed.Acquire(ctx, "k", 0)
+	require.ErrorIs(t, err, ErrSharedUnavailable)
+	assert.Less(t, time.Since(start), 50*time.Millisecond, "refused at once, not after a command timeout")
+	assert.Equal(t, int64(1), closedSwitches.Load())
+
+	srv.Restart(t) // empty
+	spinUntil(t, "back in shared mode", func() bool { return !a.Fallback() && !closed.Fallback() })
+	spinUntil(t, "both slots held through the outage counted in Redis", func() bool {
+		n, err := a.InFlight(ctx, "k")
+		return err == nil && n == 2
+	})
+	r, _, err := closed.Acquire(ctx, "k", time.Second)
 	require.NoError(t, err)
-	r()
+	_, _, err = closed.Acquire(ctx, "k", 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrTooManyInFlight, "n = 3 are held")
+	for _, release := range []func(){r, during, before} {
+		release()
+	}
+	n, err := a.InFlight(ctx, "k")
+	require.NoError(t, err)
+	assert.Zero(t, n)
 	assert.Equal(t, int64(2), switches.Load(), "to the fallback and back")
+	assert.Equal(t, int64(2), closedSwitches.Load(), "to the fallback and back")
+}
+
+// TestSharedInFlightSlowRedis: a slot Redis grants after its waiter left is
+// given back: when the waiter's context ended during the call, at once;
+// when the call timed out (the reply lost), as soon as Redis answers again,
+// not a liveness period (10 s) later.
+func TestSharedInFlightSlowRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	// pause keeps the server busy for d: commands sent meanwhile run after
+	// it, their callers having given up on them.
+	pause := func(d time.Duration) {
+		done := make(chan error, 1)
+		go func() {
+			done <- admin.Eval(ctx, `local t = redis.call('TIME')
+local till = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= till
+return 1`, nil, d.Microseconds()).Err()
+		}()
+		t.Cleanup(func() { require.NoError(t, <-done) })
+		time.Sleep(10 * time.Millisecond) // it runs
+	}
+
+	t.Run("context ends", func(t *testing.T) {
+		l := newSharedInFlight(t, srv.Client(t), "slow-ctx", 1)
+		spinUntil(t, "a heartbeat", func() bool { return l.Stats().LiveInstances == 1 })
+		warm, _, err := l.Acquire(ctx, "k", 0) // a connection in the pool: no dial in the pause
+		require.NoError(t, err)
+		warm()
+		pause(200 * time.Millisecond)
+		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		_, _, err = l.Acquire(cctx, "k", 0)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, int64(2), l.Stats().Admitted, "Redis granted the slot")
+		n, err := l.InFlight(ctx, "k")
+		require.NoError(t, err)
+		assert.Zero(t, n, "and it was given back")
+	})
+
+	t.Run("reply lost", func(t *testing.T) {
+		l := newSharedInFlight(t, srv.Client(t), "slow-lost", 1, WithCommandTimeout(50*time.Millisecond))
+		spinUntil(t, "a heartbeat", func() bool { return l.Stats().LiveInstances == 1 })
+		warm, _, err := l.Acquire(ctx, "k", 0) // a connection in the pool: no dial in the pause
+		require.NoError(t, err)
+		warm()
+		pause(300 * time.Millisecond)
+		release, _, err := l.Acquire(ctx, "k", 0)
+		require.NoError(t, err, "granted by the fallback")
+		assert.True(t, l.Fallback())
+		release()
+		time.Sleep(300 * time.Millisecond) // the script runs now, its reply unread
+		start := time.Now()
+		require.Eventually(t, func() bool {
+			n, err := l.InFlight(ctx, "k")
+			return err == nil && n == 0 && !l.Fallback()
+		}, 2*time.Second, 5*time.Millisecond, "the lost lease removed when Redis answers, not when it expires (10 s)")
+		t.Logf("the lost lease was removed %v after the pause", time.Since(start))
+	})
+}
+
+// TestSharedInFlightTransport: through a Transport, the slot is held until
+// the body is read to its end or closed; a request queued behind it goes
+// within milliseconds of the release; one whose context ends while queued
+// fails with the context's error and takes no slot.
+func TestSharedInFlightTransport(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newSharedInFlight(t, srv.Client(t), "transport", 1)
+	up := newInFlightServer(t, 0)
+	tr := mustNewTransport(t, up.pooled(t), WithInFlightLimit(l))
+	ctx := context.Background()
+	inFlight := func() int {
+		n, err := l.InFlight(ctx, up.host())
+		require.NoError(t, err)
+		return n
+	}
+
+	resp, err := tr.RoundTrip(newPlainGet(t, ctx, up.URL))
+	require.NoError(t, err)
+	assert.Equal(t, 1, inFlight(), "held while the body is open")
+	cctx, cancel := context.WithTimeout(ctx, 80*time.Millisecond)
+	defer cancel()
+	_, err = tr.RoundTrip(newPlainGet(t, cctx, up.URL))
+	require.ErrorIs(t, err, context.DeadlineExceeded, "queued until its context ended")
+	assert.Equal(t, 1, inFlight(), "the request that left took no slot")
+	assert.Equal(t, 1, up.count())
+	_, err = io.ReadAll(resp.Body) // to EOF, not closed
+	require.NoError(t, err)
+	assert.Zero(t, inFlight(), "freed at EOF")
+	resp.Body.Close()
+
+	resp, err = tr.RoundTrip(newPlainGet(t, ctx, up.URL))
+	require.NoError(t, err)
+	type result struct {
+		at  time.Time
+		err error
+	}
+	queued := make(chan result, 1)
+	go func() {
+		r, err := tr.RoundTrip(newPlainGet(t, ctx, up.URL))
+		if err == nil {
+			r.Body.Close()
+		}
+		queued <- result{time.Now(), err}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	closed := time.Now()
+	resp.Body.Close()
+	got := recvWithin(t, queued)
+	require.NoError(t, got.err)
+	t.Logf("the queued request was answered %v after the body's Close", got.at.Sub(closed))
+	assert.Less(t, got.at.Sub(closed), slotPoll/2, "woken by the release")
+	assert.Zero(t, inFlight(), "freed at Close")
+	assert.Equal(t, 3, up.count())
 }
 
 // TestFleetInFlightKilled: a process that holds slots is killed with
