@@ -399,7 +399,8 @@ func TestFleetInFlightKilled(t *testing.T) {
 	}
 	back := time.Since(killed)
 	t.Logf("the killed process's 2 slots came back %v after SIGKILL (liveness %v)", back, liveness)
-	assert.Less(t, back, liveness+slotPoll+300*time.Millisecond)
+	assert.Greater(t, back, liveness/2, "they expired: renewed up to a third of the liveness before the kill")
+	assert.Less(t, back, liveness+slotPoll+300*time.Millisecond, "within the liveness period")
 	for _, r := range releases {
 		r()
 	}
@@ -436,10 +437,54 @@ func TestSharedInFlightRenews(t *testing.T) {
 	n, err := l.InFlight(ctx, "k")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "renewed, still held")
+	// The key expires a second after its latest lease, so idle keys vanish.
+	rdb := srv.Client(t)
+	ttl, err := rdb.PTTL(ctx, l.slotsKey(keyID("k"))).Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, time.Second)
+	assert.LessOrEqual(t, ttl, 300*time.Millisecond+time.Second)
+	ttl, err = rdb.PTTL(ctx, l.membersKey()).Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, time.Duration(0), "the heartbeat's key expires too")
 	_, _, err = l.Acquire(ctx, "k", 50*time.Millisecond)
 	require.ErrorIs(t, err, ErrTooManyInFlight)
 	release()
 	n, err = l.InFlight(ctx, "k")
 	require.NoError(t, err)
 	assert.Zero(t, n)
+	exists, err := rdb.Exists(ctx, l.slotsKey(keyID("k"))).Result()
+	require.NoError(t, err)
+	assert.Zero(t, exists, "a key with no lease is gone")
+}
+
+// TestSharedInFlightClose: Close gives back the slots the instance holds
+// and leaves the fleet's count; afterwards Acquire fails and a late
+// release frees nothing more.
+func TestSharedInFlightClose(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	other := newSharedInFlight(t, srv.Client(t), "close", 2)
+	l, err := NewSharedInFlightLimit(srv.Client(t), "close", 2, WithCommandTimeout(roomyTimeout))
+	require.NoError(t, err)
+	admin := srv.Client(t)
+	spinUntil(t, "two live instances", func() bool { return admin.ZCard(ctx, other.membersKey()).Val() == 2 })
+	r1, _, err := l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	_, _, err = l.Acquire(ctx, "k", 0)
+	require.NoError(t, err)
+	mine, _, err := other.Acquire(ctx, "k", 30*time.Millisecond)
+	require.ErrorIs(t, err, ErrTooManyInFlight)
+	require.Nil(t, mine)
+
+	require.NoError(t, l.Close())
+	n, err := other.InFlight(ctx, "k")
+	require.NoError(t, err)
+	assert.Zero(t, n, "both slots given back")
+	live, err := admin.ZCard(ctx, other.membersKey()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), live, "out of the fleet's count")
+	_, _, err = l.Acquire(ctx, "k", 0)
+	require.Error(t, err)
+	r1() // frees nothing more
+	require.NoError(t, l.Close(), "twice is fine")
 }
