@@ -29,8 +29,9 @@ import (
 // a body nobody closes gives its slot back at its lease time. A release
 // wakes one waiter of the key in each instance (a message on the limiter's
 // channel); a waiter also tries again when the earliest lease of its key
-// expires, and at the latest every slotPoll (100 ms). Waiters of one key
-// are not served in a fleet-wide order.
+// expires, and at the latest every 100 ms. Waiters of one key are not
+// served in a fleet-wide order (nor first come, first served within an
+// instance).
 //
 // While Redis is unreachable (errors, or commands slower than
 // WithCommandTimeout) each instance falls back to a local InFlightLimit of
@@ -44,8 +45,8 @@ import (
 //
 // Keys in Redis: egress:{<name>:<key hash>}:slots per key (each key's
 // leases in one Cluster slot, different keys spread over the Cluster),
-// egress:{<name>}:slot-members for the heartbeat, and the channel
-// egress:{<name>}:slots. Each expires when unused.
+// egress:{<name>}:slot-members for the heartbeat (both expire when
+// unused), and the channel egress:{<name>}:slots.
 //
 // Close stops the background goroutine and gives back the leases the
 // instance holds. A SharedInFlightLimit is safe for simultaneous use by
