@@ -28,7 +28,8 @@ import (
 type InFlightLimiter interface {
 	// Acquire blocks until key has a free slot and returns the function
 	// that frees it (safe to call more than once, and from any goroutine)
-	// and how long it waited. Waiters are served first come, first served.
+	// and how long it waited. InFlightLimit serves its waiters first come,
+	// first served; SharedInFlightLimit in no set order.
 	// When no slot frees within maxWait (> 0) it returns a *LimitError
 	// with ReasonInFlight; when ctx ends first it returns ctx.Err(). It
 	// never returns a slot and an error.
