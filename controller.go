@@ -104,10 +104,14 @@ type ctlState struct {
 	decreased       time.Time // when the last decrease was decided (or the end of the turns given before it)
 	hold            time.Time // the key is held until then
 	shape           shape
-	zeroAt          time.Time // when a "remaining 0" was last seen
-	zeroUntil       time.Time // the reset it came with
-	meter           meter     // the key's recent outcomes, for the estimate of its limit
-	storm           storm     // whether throttles without counts are about the quota
+	zeroAt          time.Time     // when a "remaining 0" (less the requests in flight) was last seen
+	zeroUntil       time.Time     // the reset it came with
+	zeroUnit        time.Duration // its reset over its limit: the longest a bucket takes to refill a unit; 0 when unknown
+	budget          float64       // the units that may still be granted before budgetUntil (see spend)
+	budgetUntil     time.Time     // the reset the budget came with; zero for none
+	budgetUnit      time.Duration // the report's reset over its limit; 0 when it states no limit
+	meter           meter         // the key's recent outcomes, for the estimate of its limit
+	storm           storm         // whether throttles without counts are about the quota
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -128,7 +132,7 @@ func (s *ctlState) rate(cfg *learnConfig, now time.Time) float64 {
 // key can be dropped.
 func (s *ctlState) atRest(cfg *learnConfig, now time.Time) bool {
 	return !s.hold.After(now) && s.rate(cfg, now) >= cfg.configured && now.Sub(s.decreased) > advertisedTTL &&
-		s.shape == shapeUnknown && s.zeroAt.IsZero()
+		s.shape == shapeUnknown && s.zeroAt.IsZero() && !s.budgetUntil.After(now)
 }
 
 // cubic is the CUBIC rate t seconds after a decrease to w0: w0 at t = 0,
@@ -167,8 +171,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	if hasQ && q.Kind != ResetKindUnknown {
 		st.shape = shape(q.Kind) // the dialect says what its reset means
 	} else {
-		st.learnShape(s)
+		st.learnShape(s, q, hasQ)
 	}
+	st.report(s, q, hasQ)
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
 	stormStarts := false
 	if ev == evExhausted && !hasQ {
@@ -268,17 +273,33 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 }
 
 // learnShape learns what the key's reset means from a response to a request
-// sent after a "remaining 0" and before its reset: accepted, the provider
-// refills continuously (a bucket). A refusal proves nothing — a bucket
-// refuses too while it is sent to faster than it refills — so a window is
-// known only from its dialect (Quota.Kind); until then the key is held as
-// holdUntil says of an unknown shape.
-func (st *ctlState) learnShape(s *Signal) {
+// sent after a "remaining 0" (or nothing left once the requests in flight
+// are counted) and before its reset: accepted with less than its whole
+// limit back, the provider refills continuously (a bucket). A refusal mostly
+// proves nothing — a bucket refuses too while it is sent to faster than it
+// refills — except when the request was sent at least two units' refill
+// after the zero, a unit being the reset over the limit (the slowest a
+// bucket that reports them refills): then it is a window. Otherwise a
+// window is known only from its dialect (Quota.Kind); until then the key is
+// held as holdUntil says of an unknown shape.
+func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 	if st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
 		return
 	}
-	if s.Status >= 200 && s.Status < 300 {
-		st.shape = shapeBucket
+	switch {
+	case s.Status >= 200 && s.Status < 300:
+		// Unless the whole limit came back at once: a window that reset
+		// before the time it stated (rounded up to the second), or a
+		// bucket full again; either way nothing is learnt.
+		if !(hasQ && q.HasLimit && q.Remaining >= q.Limit-1) {
+			st.shape = shapeBucket
+		}
+	case st.shape == shapeUnknown && s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther &&
+		st.zeroUnit > 0 && s.SentAt.Sub(st.zeroAt) >= 2*st.zeroUnit:
+		// Refused at least two units' refill (the reset over the limit, the
+		// slowest a bucket that states them can refill) after it said
+		// nothing was left: no bucket, a window.
+		st.shape = shapeWindow
 	}
 }
 
@@ -298,8 +319,8 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		return now.Add(time.Duration(float64(time.Second) / rate))
 	}
 	reset := q.Reset
-	if q.Remaining == 0 {
-		st.zeroAt, st.zeroUntil = now, now.Add(reset)
+	if q.Remaining-float64(s.InFlight) <= 0 {
+		st.zeroAt, st.zeroUntil, st.zeroUnit = now, now.Add(reset), st.budgetUnit
 	}
 	switch st.shape {
 	case shapeWindow:
@@ -310,9 +331,67 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		}
 		return now.Add(min(reset, time.Duration(float64(time.Second)/rate)))
 	}
-	// Not known yet: hold briefly, so that the next request tells; a
-	// throttle's own Retry-After holds the key all the same.
-	return now.Add(max(s.RetryAfter, min(reset, max(probeHold, time.Duration(float64(time.Second)/rate)))))
+	// Not known yet: hold briefly, so that the next request (one: the
+	// budget's probe) tells; a throttle's own Retry-After holds the key all
+	// the same.
+	if st.budgetUntil.After(now) {
+		st.budget = 1
+	}
+	return now.Add(max(s.RetryAfter, probeFor(reset, rate)))
+}
+
+// probeFor is how long a key of unknown shape whose quota is exhausted
+// until reset is held before a probe, at rate units per second.
+func probeFor(reset time.Duration, rate float64) time.Duration {
+	return min(reset, max(probeHold, time.Duration(float64(time.Second)/rate)))
+}
+
+// report keeps what a report leaves of a window's quota, or of one whose
+// shape is not known yet, as the key's budget: its remaining less the
+// requests in flight (which the provider has not counted yet and which
+// will spend it), until its reset. A later report replaces it: the
+// provider's count is the truth, and the budget is never more than what it
+// says remains. A bucket has no budget: it refills continuously (see
+// Decision.drain); neither has a report without a reset (nothing says when
+// the quota comes back).
+func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
+	if st.shape == shapeBucket {
+		st.budget, st.budgetUntil, st.budgetUnit = 0, time.Time{}, 0
+		return
+	}
+	if !hasQ || !q.HasReset || q.Reset <= 0 || s.Scope == ScopeBilling {
+		return
+	}
+	st.budget, st.budgetUntil, st.budgetUnit = q.Remaining-float64(s.InFlight), s.Now.Add(q.Reset), 0
+	if q.HasLimit && q.Limit >= 1 {
+		st.budgetUnit = time.Duration(float64(q.Reset) / q.Limit)
+	}
+}
+
+// spend takes cost units of the key's budget for a request granted at now,
+// and reports whether they were there. When they were not, the key is
+// held: a window until the budget's reset; a key whose shape is not known
+// yet briefly (as a "remaining 0" holds it), after which one request goes,
+// whose answer tells the shape. rate is the key's rate in units per
+// second. Without a budget, or past its reset, everything is granted.
+func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
+	if !st.budgetUntil.After(now) || st.shape == shapeBucket {
+		return true
+	}
+	if st.budget >= float64(cost) {
+		st.budget -= float64(cost)
+		return true
+	}
+	if !st.zeroUntil.After(now) {
+		st.zeroAt, st.zeroUntil, st.zeroUnit = now, st.budgetUntil, st.budgetUnit
+	}
+	if st.shape == shapeWindow {
+		st.hold = maxTime(st.hold, st.budgetUntil)
+	} else {
+		st.hold = maxTime(st.hold, now.Add(probeFor(st.budgetUntil.Sub(now), rate)))
+		st.budget = float64(cost) // the probe, after the hold
+	}
+	return false
 }
 
 // decrease lowers the key's rate after a throttle at rate w: to just under

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -102,6 +103,94 @@ func TestLuaMatchesGo(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// TestSharedBudgetMatchesGo: the budget (requests in flight count against
+// the remaining quota) kept in Redis and spent by the reservation script
+// grants as many requests as the Go controller's, and then holds the key
+// as long. In the fleet the requests the provider has not counted yet are
+// the turns granted after the reported request was sent (the script's
+// ring of grants), which the Go counts as the requests in flight: the last
+// case reports with no request in flight in this instance, as if another
+// instance had sent them.
+func TestSharedBudgetMatchesGo(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	report := func(remaining float64, inFlight int, reset time.Duration, kind ResetKind, sent, now time.Time) Signal {
+		return Signal{Now: now, SentAt: sent, Status: 200, InFlight: inFlight, Quotas: []Quota{{
+			Remaining: remaining, HasRemaining: true, Reset: reset, HasReset: true, Kind: kind,
+		}}}
+	}
+	// goGrants counts the grants the Go controller makes after s, and its
+	// hold then.
+	goGrants := func(s Signal) (int, time.Duration) {
+		cfg := defaultLearn(PerSecond(1000))
+		var st ctlState
+		st.learn(&cfg, &s)
+		n := 0
+		for st.spend(s.Now, 1, 1000) {
+			n++
+		}
+		return n, st.hold.Sub(s.Now)
+	}
+	// sharedGrants counts the requests l admits at once, and the wait of
+	// the first it refuses.
+	sharedGrants := func(t *testing.T, l *SharedTokenBucket, key string) (int, time.Duration) {
+		for n := 0; n < 100; n++ {
+			_, err := l.Wait(ctx, key, 1, 50*time.Millisecond)
+			var le *LimitError
+			if errors.As(err, &le) {
+				return n, le.Wait
+			}
+			require.NoError(t, err)
+		}
+		return 100, 0
+	}
+	const tolerance = 40 * time.Millisecond
+	for i, tc := range []struct {
+		name      string
+		remaining float64
+		inFlight  int
+		reset     time.Duration
+		kind      ResetKind
+	}{
+		{"a window, 5 left with 2 in flight", 5, 2, 2 * time.Second, ResetKindWindow},
+		{"a window, 3 left with 3 in flight", 3, 3, 2 * time.Second, ResetKindWindow},
+		{"a shape not known yet, 2 left with 1 in flight", 2, 1, 2 * time.Second, ResetKindUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newSharedTB(t, srv.Client(t), fmt.Sprintf("budget%d", i), PerSecond(1000), 50, WithCommandTimeout(roomyTimeout))
+			now := time.Now()
+			s := report(tc.remaining, tc.inFlight, tc.reset, tc.kind, now, now)
+			wantN, wantHold := goGrants(s)
+			require.NoError(t, l.Learn(ctx, "k", s).Err)
+			gotN, gotWait := sharedGrants(t, l, "k")
+			assert.Equal(t, wantN, gotN, "grants before the hold")
+			assert.InDelta(t, wantHold-time.Since(now), gotWait, float64(tolerance), "the hold")
+		})
+	}
+	t.Run("the fleet's grants since the reported request was sent", func(t *testing.T) {
+		l := newSharedTB(t, srv.Client(t), "budget-ring", PerSecond(1000), 50, WithCommandTimeout(roomyTimeout))
+		now := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", report(10, 0, 2*time.Second, ResetKindWindow, now, now)).Err)
+		_, err := l.Wait(ctx, "k", 1, 0) // A, the request reported below
+		require.NoError(t, err)
+		sentA := time.Now()
+		time.Sleep(30 * time.Millisecond)
+		for range 3 { // B, C, D: in flight, in the fleet
+			_, err := l.Wait(ctx, "k", 1, 0)
+			require.NoError(t, err)
+		}
+		now = time.Now()
+		s := report(9, 0, 2*time.Second-now.Sub(sentA), ResetKindWindow, sentA, now)
+		require.NoError(t, l.Learn(ctx, "k", s).Err)
+		goS := s
+		goS.InFlight = 3
+		wantN, _ := goGrants(goS)
+		gotN, gotWait := sharedGrants(t, l, "k")
+		assert.Equal(t, wantN, gotN, "9 left, less B, C and D")
+		assert.InDelta(t, 2*time.Second-time.Since(sentA), gotWait, float64(tolerance), "then held until the reset")
 	})
 }
 

@@ -143,10 +143,12 @@ type sig struct {
 	window    time.Duration
 	scope     Scope
 	kind      ResetKind
+	inFlight  int     // the other requests of the key in flight when it was read
+	quota     float64 // the quota's limit, stated without a window; 0 for none
 }
 
 func (s sig) signal() *Signal {
-	out := &Signal{Now: ctlEpoch.Add(s.at), SentAt: ctlEpoch.Add(s.sent), Status: s.status, Scope: s.scope}
+	out := &Signal{Now: ctlEpoch.Add(s.at), SentAt: ctlEpoch.Add(s.sent), Status: s.status, Scope: s.scope, InFlight: s.inFlight}
 	if s.ra >= 0 {
 		out.RetryAfter, out.HasRetryAfter = s.ra, true
 	}
@@ -160,6 +162,9 @@ func (s sig) signal() *Signal {
 	}
 	if s.limit > 0 {
 		q.Limit, q.HasLimit, q.Window, q.HasWindow, has = s.limit, true, s.window, true, true
+	}
+	if s.quota > 0 {
+		q.Limit, q.HasLimit, has = s.quota, true, true
 	}
 	q.Kind = s.kind
 	if has {
@@ -275,6 +280,59 @@ func ctlTables() []ctlTable {
 			wants: []want{
 				{shape: shapeBucket, drain: true},
 				{hold: 15 * ms, notBefore: 5*ms + s, rate: 70, why: "throttled", shape: shapeBucket}, // a refusal: one unit
+			},
+		},
+		{
+			name: "a window's remaining less the requests in flight is nothing: held until its reset",
+			steps: []sig{
+				func() sig {
+					x := withQuota(ok(0, 0), 3, 800*ms)
+					x.kind, x.inFlight = ResetKindWindow, 3
+					return x
+				}(),
+			},
+			wants: []want{{hold: 800 * ms, shape: shapeWindow}},
+		},
+		{
+			name: "a window with quota left once the requests in flight are counted is not held",
+			steps: []sig{
+				func() sig {
+					x := withQuota(ok(0, 0), 3, 800*ms)
+					x.kind, x.inFlight = ResetKindWindow, 2
+					return x
+				}(),
+			},
+			wants: []want{{shape: shapeWindow}},
+		},
+		{
+			name: "a shape not known yet, remaining 2 with 2 in flight: a short hold, as for remaining 0",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 2, s); x.inFlight = 2; return x }(),
+			},
+			wants: []want{{hold: probeHold}},
+		},
+		{
+			name: "a request refused two units' refill (reset / limit) after the zero: a window, held until its reset",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 20; return x }(), // a unit: 50ms
+				func() sig { x := withQuota(throttle(160*ms, 150*ms, s), 0, 840*ms); x.quota = 20; return x }(),
+			},
+			wants: []want{
+				{hold: probeHold},
+				{hold: 160*ms + s, notBefore: 160*ms + s, shape: shapeWindow, rate: 70, why: "throttled"},
+			},
+		},
+		{
+			name: "a request accepted after the zero with the whole limit back says nothing: a window may have reset early",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(130*ms, 120*ms), 19, s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(300*ms, 290*ms), 1, s); x.quota = 20; return x }(), // a unit or two back: a bucket
+			},
+			wants: []want{
+				{hold: probeHold},
+				{},
+				{shape: shapeBucket, drain: true},
 			},
 		},
 		{
@@ -691,4 +749,186 @@ func TestTransportLongQuotaHold(t *testing.T) {
 			assert.EqualValues(t, 1, n.Load(), "nothing more reached the provider")
 		})
 	}
+}
+
+// ---- the budget: requests in flight count against the remaining quota ----
+
+// budgetStep is a step of the budget tables: a report (a response's
+// signal) or, when grant > 0, a request of that cost granted at its time.
+type budgetStep struct {
+	report sig
+	grant  int
+	at     time.Duration // a grant's time
+}
+
+// TestControllerBudgetSteps: a report of a window's quota (or one of
+// unknown shape) leaves its remaining less the requests in flight as the
+// key's budget until its reset; each grant spends it; a spent budget holds
+// the key until the reset (a window) or briefly, for one probe (a shape
+// not known yet); a later report replaces it; a bucket has none.
+func TestControllerBudgetSteps(t *testing.T) {
+	const ms = time.Millisecond
+	window := func(at, sent time.Duration, remaining float64, inFlight int, reset time.Duration) budgetStep {
+		x := withQuota(ok(at, sent), remaining, reset)
+		x.kind, x.inFlight = ResetKindWindow, inFlight
+		return budgetStep{report: x}
+	}
+	unknown := func(at, sent time.Duration, remaining float64, inFlight int, reset time.Duration) budgetStep {
+		x := withQuota(ok(at, sent), remaining, reset)
+		x.inFlight = inFlight
+		return budgetStep{report: x}
+	}
+	bucket := func(at, sent time.Duration, remaining float64, inFlight int, reset time.Duration) budgetStep {
+		x := withQuota(ok(at, sent), remaining, reset)
+		x.kind, x.inFlight = ResetKindBucket, inFlight
+		return budgetStep{report: x}
+	}
+	grant := func(at time.Duration) budgetStep { return budgetStep{grant: 1, at: at} }
+	type want struct {
+		granted bool
+		hold    time.Duration // the key's hold after the step; 0 for none
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []budgetStep
+		wants []want
+	}{
+		{
+			name: "a window: remaining 5 with 2 in flight leaves 3, then held until the reset",
+			steps: []budgetStep{
+				window(0, 0, 5, 2, 800*ms),
+				grant(ms), grant(2 * ms), grant(3 * ms), grant(4 * ms),
+			},
+			wants: []want{{}, {granted: true}, {granted: true}, {granted: true}, {hold: 800 * ms}},
+		},
+		{
+			name: "after the reset the budget is gone: everything is granted until the next report",
+			steps: []budgetStep{
+				window(0, 0, 1, 0, 100*ms),
+				grant(ms), grant(2 * ms), grant(100 * ms), grant(101 * ms),
+			},
+			wants: []want{{}, {granted: true}, {hold: 100 * ms}, {granted: true, hold: 100 * ms}, {granted: true, hold: 100 * ms}},
+		},
+		{
+			name: "a later report replaces the budget, with its own requests in flight",
+			steps: []budgetStep{
+				window(0, 0, 10, 0, 900*ms),
+				grant(ms), grant(2 * ms),
+				window(10*ms, 5*ms, 4, 3, 890*ms), // 4 left, 3 of them taken by the requests in flight
+				grant(11 * ms), grant(12 * ms),
+			},
+			wants: []want{{}, {granted: true}, {granted: true}, {}, {granted: true}, {hold: 900 * ms}},
+		},
+		{
+			name: "a shape not known yet: a spent budget holds briefly, then lets one probe go",
+			steps: []budgetStep{
+				unknown(0, 0, 2, 1, time.Second),
+				grant(ms), grant(2 * ms), grant(2*ms + probeHold), grant(3*ms + probeHold),
+			},
+			wants: []want{{}, {granted: true}, {hold: 2*ms + probeHold}, {granted: true, hold: 2*ms + probeHold}, {hold: 3*ms + 2*probeHold}},
+		},
+		{
+			name: "a bucket has no budget: a low remaining that refills holds nothing",
+			steps: []budgetStep{
+				bucket(0, 0, 1, 3, time.Second),
+				grant(ms), grant(2 * ms), grant(3 * ms),
+			},
+			wants: []want{{}, {granted: true}, {granted: true}, {granted: true}},
+		},
+		{
+			name: "no reset, no budget (Salesforce's daily count)",
+			steps: []budgetStep{
+				unknown(0, 0, 1, 3, -1),
+				grant(ms), grant(2 * ms),
+			},
+			wants: []want{{}, {granted: true}, {granted: true}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Len(t, tc.wants, len(tc.steps))
+			cfg := defaultLearn(PerSecond(100))
+			var st ctlState
+			for i, step := range tc.steps {
+				w := tc.wants[i]
+				granted := false
+				if step.grant > 0 {
+					now := ctlEpoch.Add(step.at)
+					granted = st.spend(now, step.grant, st.rate(&cfg, now))
+				} else {
+					st.learn(&cfg, step.report.signal())
+				}
+				assert.Equal(t, w.granted, granted, "step %d: granted", i)
+				var hold time.Duration
+				if !st.hold.IsZero() {
+					hold = st.hold.Sub(ctlEpoch)
+				}
+				assert.Equal(t, w.hold, hold, "step %d: hold", i)
+			}
+		})
+	}
+}
+
+// TestLimitersSpendTheBudget: through the local limiters on a fake clock,
+// a window's report of 5 left with 2 requests in flight lets 3 more go at
+// once; the next waits for the reset.
+func TestLimitersSpendTheBudget(t *testing.T) {
+	report := func(now time.Time) Signal {
+		return Signal{Now: now, SentAt: now, Status: 200, InFlight: 2, Quotas: []Quota{{
+			Remaining: 5, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindWindow,
+		}}}
+	}
+	t.Run("token bucket", func(t *testing.T) {
+		tb, fc := newTokenBucketOnFake(t, PerSecond(100), 10)
+		tb.Learn(context.Background(), "k", report(fc.Now()))
+		for i := range 3 {
+			d, err := delayOf(tb.reserve("k", 1, budget{}))
+			require.NoError(t, err)
+			assert.Zero(t, d, "request %d", i)
+		}
+		d, err := delayOf(tb.reserve("k", 1, budget{}))
+		require.NoError(t, err)
+		assert.Equal(t, time.Second, d, "the fourth waits for the reset")
+		_, err = delayOf(tb.reserve("k", 1, budget{maxWait: 500 * time.Millisecond}))
+		var le *LimitError
+		require.ErrorAs(t, err, &le, "a request that cannot wait that long is refused at once")
+	})
+	t.Run("token bucket, turns reserved before the report", func(t *testing.T) {
+		// Ten turns reserved at once, five waiting for the refill; the
+		// report comes meanwhile: a turn's budget is spent when it comes.
+		tb, fc := newTokenBucketOnFake(t, PerSecond(100), 5)
+		var waiting []grant
+		for range 10 {
+			g, err := tb.reserve("k", 1, budget{})
+			require.NoError(t, err)
+			if g.delay > 0 {
+				waiting = append(waiting, g)
+			}
+		}
+		require.Len(t, waiting, 5)
+		tb.Learn(context.Background(), "k", report(fc.Now()))
+		committed := 0
+		for _, g := range waiting {
+			limAdvanceTo(fc, g.at.Add(g.delay))
+			if tb.commit(g, 1) {
+				committed++
+			} else {
+				tb.cancel(g)
+			}
+		}
+		assert.Equal(t, 3, committed, "three go; the others wait for the reset")
+	})
+	t.Run("leaky bucket", func(t *testing.T) {
+		lb, fc := newLeakyBucketOnFake(t, PerSecond(100), 10)
+		lb.Learn(context.Background(), "k", report(fc.Now()))
+		for i := range 3 {
+			w, _, err := lb.arrive("k", 1, budget{})
+			require.NoError(t, err)
+			require.Nil(t, w, "request %d goes at once", i)
+			fc.Advance(10 * time.Millisecond)
+		}
+		_, err := lb.Wait(context.Background(), "k", 1, 500*time.Millisecond)
+		var le *LimitError
+		require.ErrorAs(t, err, &le, "the fourth would wait for the reset")
+		assert.InDelta(t, 970*time.Millisecond, le.Wait, float64(time.Millisecond))
+	})
 }

@@ -219,10 +219,18 @@ func (s *shared) lead(id string, l *batchLane) {
 
 // runReserve runs the reservation script for batch: one round trip.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
-	args := make([]any, 0, 6+2*len(batch))
+	args := make([]any, 0, 14+2*len(batch))
 	args = append(args, s.rate.PerSecond(), s.usable, s.depth)
 	args = s.learnArgs(args)
 	now := s.clock.Now()
+	s.mu.Lock()
+	var rep *budgetReport
+	if l, ok := s.learnt.m[id]; ok {
+		rep, l.report = l.report, nil
+	}
+	s.mu.Unlock()
+	args = append(args, budgetArgs(rep, now)...)
+	args = append(args, micros(probeHold), s.channel(), id)
 	for _, p := range batch {
 		maxWait := int64(-1) // none
 		if !p.limit.IsZero() {
@@ -245,6 +253,9 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
 	s.seen(id, rate)
+	if paused := pauseOf(reply); paused > 0 {
+		s.pausedByBudget(id, paused)
+	}
 	for _, r := range results {
 		if r.code == 0 {
 			s.admitted.Add(1)
@@ -275,6 +286,31 @@ func parseReserve(reply any, n int) ([]reserved, float64, error) {
 		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond}
 	}
 	return out, rate, nil
+}
+
+// pauseOf returns the pause left that a reply parseReserve accepted
+// reports; 0 when none, or when it is not a non-negative integer.
+func pauseOf(reply any) time.Duration {
+	if vals, ok := reply.([]any); ok && len(vals) > 0 {
+		if us, ok := vals[0].(int64); ok && us > 0 {
+			return time.Duration(us) * time.Microsecond
+		}
+	}
+	return 0
+}
+
+// pausedByBudget notes that key id is held for left, as a reservation
+// said: when the key's shape is not known yet, the hold may be the
+// budget's (see ctlState.spend), and the answer to the probe sent after
+// it tells the shape, so that answer goes to the control script (see
+// Learn).
+func (s *shared) pausedByBudget(id string, left time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	if l, ok := s.learnt.m[id]; ok && l.shape == shapeUnknown && !l.zeroUntil.After(now) {
+		l.zeroAt, l.zeroUntil = now, now.Add(left+2*probeHold)
+	}
 }
 
 // parseRate reads a rate a script returned as a string: positive and

@@ -27,6 +27,52 @@ type learntRate struct {
 	wrote      time.Time // when
 	meter      meter
 	storm      storm
+	report     *budgetReport // the latest count for the key's budget not yet sent to Redis
+}
+
+// budgetReport is a response's count that sets a key's budget (see
+// ctlState.report), waiting to go to Redis with the key's next
+// reservation: no round trip of its own.
+type budgetReport struct {
+	remaining float64
+	reset     time.Duration // from read
+	unit      time.Duration // the reset over the limit; 0 when none
+	read      time.Time     // when the response was read
+	sent      time.Time     // when its request was sent; zero when unknown
+	inFlight  float64       // the fleet's requests in flight, as estimated without the ring
+	kind      ResetKind     // what the reset means, as the dialect says
+}
+
+// budgetReportOf returns the report a signal makes for the key's budget,
+// or nil when it makes none: a requests quota with a reset, from a
+// provider not known to refill continuously. The rest of the fleet's
+// requests in flight are estimated as live instances times this
+// instance's; the script counts them exactly, from the turns it granted,
+// when it can (see report in internal/lua/rate.lua).
+func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *budgetReport {
+	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == ScopeBilling || known == shapeBucket || q.Kind == ResetKindBucket {
+		return nil
+	}
+	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: sig.Now, sent: sig.SentAt,
+		inFlight: float64(sig.InFlight) * float64(max(1, s.live.Load())), kind: q.Kind}
+	if q.HasLimit && q.Limit >= 1 {
+		r.unit = time.Duration(float64(q.Reset) / q.Limit)
+	}
+	return r
+}
+
+// budgetArgs returns a report's arguments to a script run at now: the
+// remaining (-1 for none), the reset left, the unit, how long ago its
+// request was sent (-1 when unknown), the in-flight estimate, the kind.
+func budgetArgs(r *budgetReport, now time.Time) []any {
+	if r == nil || r.read.Add(r.reset).Before(now) {
+		return []any{-1, 0, 0, -1, 0, 0}
+	}
+	ago := int64(-1)
+	if !r.sent.IsZero() {
+		ago = max(micros(now.Sub(r.sent)), 0)
+	}
+	return []any{r.remaining, micros(r.reset - now.Sub(r.read)), micros(r.unit), ago, r.inFlight, int(r.kind)}
 }
 
 func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
@@ -127,6 +173,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
 	}
 	est, hasEst := l.meter.estimate(now, l.rate)
+	rep := s.budgetReportOf(&sig, q, hasQ, l.shape)
 	call := false
 	switch ev {
 	case evOther:
@@ -140,6 +187,11 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 			(accepted && l.shape == shapeUnknown && q.Kind == ResetKindUnknown &&
 				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
 	}
+	if call {
+		l.report = nil // this call carries the latest
+	} else if rep != nil {
+		l.report = rep // for the next reservation
+	}
 	s.mu.Unlock()
 
 	var d Decision
@@ -152,7 +204,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	if !hasEst {
 		est = 0
 	}
-	old, new, held, shp, stormy, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est)
+	old, new, held, shp, stormy, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est, rep)
 	if err != nil {
 		d.Err = fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
 		s.failed(err)
@@ -177,7 +229,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	if held > 0 && !hasQ {
 		l.storm.held(d.Hold)
 	}
-	if hasQ && q.HasRemaining && q.Remaining == 0 && q.HasReset {
+	if hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
 		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
 	}
 	if adv > 0 {
@@ -197,7 +249,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 }
 
 // control runs the control script for key id: one round trip.
-func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64) (old, new float64, held time.Duration, shp shape, stormy bool, err error) {
+func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64, rep *budgetReport) (old, new float64, held time.Duration, shp shape, stormy bool, err error) {
 	flag := func(b bool) int {
 		if b {
 			return 1
@@ -222,10 +274,21 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		s.rate.PerSecond(), on, s.learn.c, s.learn.floor, s.learn.beta,
 		adv, micros(advertisedTTL),
 		flag(ev == evExhausted), flag(sig.throttled()), flag(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices), ago,
-		reset, flag(hasQ && q.HasRemaining && q.Remaining == 0), ra,
+		reset, flag(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0), ra,
 		est, s.usable, micros(probeHold), s.channel(), id, int(q.Kind), flag(ev == evOther),
 		flag(!hasQ), micros(stormTTL),
 	}
+	rem, lim, unit, inFlight := -1.0, -1.0, int64(0), 0.0
+	if hasQ {
+		rem = q.Remaining
+	}
+	if hasQ && q.HasLimit {
+		lim = q.Limit
+	}
+	if rep != nil {
+		unit, inFlight = micros(rep.unit), rep.inFlight
+	}
+	args = append(args, rem, lim, unit, inFlight, flag(rep != nil))
 	keys := s.redisKeys(id)
 	var reply []any
 	err = s.do(ctx, func(ctx context.Context) error {

@@ -137,11 +137,12 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 			return 0, err
 		}
 		waited += g.delay
-		if !tb.heldSince(g) {
+		if tb.commit(g, cost) {
 			return waited, nil
 		}
 		// A hold began after the tokens were reserved and covers their
-		// time: give them back and take them again after the hold.
+		// time, or the key's budget is spent and holds it now: give them
+		// back and take them again after the hold.
 		tb.cancel(g)
 	}
 }
@@ -165,14 +166,37 @@ func (tb *TokenBucket) cancel(g grant) {
 	g.r.CancelAt(g.bk.inOrder(tb.clock.Now()))
 }
 
-// heldSince reports whether the key of g was held after g was reserved, by
-// a hold that has not ended.
-func (tb *TokenBucket) heldSince(g grant) bool {
+// commit makes g, a grant of cost whose wait is over, final: it reports
+// false when the key was held after g was reserved, by a hold that has not
+// ended, or when the key's budget (what the provider's last report leaves,
+// see ctlState.spend) has not cost units left, which holds the key.
+// The budget is spent when a request goes, not when its turn is reserved,
+// so that a report heard meanwhile counts it as it should: in flight once
+// it is sent, from the budget until then.
+func (tb *TokenBucket) commit(g grant, cost int) bool {
 	tb.mu.RLock()
 	defer tb.mu.RUnlock()
 	g.bk.mu.Lock()
 	defer g.bk.mu.Unlock()
-	return g.bk.ctl != nil && g.bk.ctl.hold.After(g.at) && g.bk.ctl.hold.After(tb.clock.Now())
+	ctl, now := g.bk.ctl, tb.clock.Now()
+	if ctl == nil {
+		return true
+	}
+	if ctl.hold.After(g.at) && ctl.hold.After(now) {
+		return false
+	}
+	return tb.spendLocked(g.bk, now, cost)
+}
+
+// spendLocked spends cost units of bk's budget at now; when they are not
+// there, the key is now held (see ctlState.spend) and the bucket resumes
+// at the rate after the hold. The caller holds bk.mu.
+func (tb *TokenBucket) spendLocked(bk *tokenBucket, now time.Time, cost int) bool {
+	if bk.ctl.spend(now, cost, bk.ctl.rate(&tb.learn, now)) {
+		return true
+	}
+	bk.resume = maxTime(bk.resume, bk.ctl.hold)
+	return false
 }
 
 // reserve takes cost tokens from key's bucket, now or, while the key is
@@ -244,8 +268,15 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	tokens := lim.TokensAt(at)
 	need := float64(cost) + tb.margin
 	if !at.After(now) && tokens >= need {
-		lim.AllowN(at, cost)
-		return grant{}, nil
+		if bk.ctl == nil || tb.spendLocked(bk, at, cost) {
+			lim.AllowN(at, cost)
+			return grant{}, nil
+		}
+		// The budget is spent: the key is held from now.
+		at = bk.inOrder(bk.ctl.hold)
+		drainTo(lim, at, 1)
+		bk.resume = time.Time{}
+		tokens = lim.TokensAt(at)
 	}
 	g := grant{bk: bk, at: now, r: lim.ReserveN(at, cost)}
 	g.delay = max(g.r.DelayFrom(now), at.Sub(now)+time.Duration((need-tokens)/float64(lim.Limit())*float64(time.Second)))
@@ -254,6 +285,9 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 		return grant{}, e
 	}
 	if g.delay <= 0 {
+		if bk.ctl != nil {
+			tb.spendLocked(bk, now, cost)
+		}
 		return grant{}, nil
 	}
 	return g, nil

@@ -15,7 +15,8 @@
 -- ARGV[10] 1 when the response is an acceptance (2xx), else 0
 -- ARGV[11] how long ago the request was sent, in us; -1 when unknown
 -- ARGV[12] the quota's reset, in us; -1 when the response has none
--- ARGV[13] 1 when the quota's remaining is 0, else 0
+-- ARGV[13] 1 when the quota's remaining, less the requests in flight, is 0
+--          or below, else 0
 -- ARGV[14] the response's Retry-After, in us; -1 when none
 -- ARGV[15] the limit the instance's recent outcomes show, units per
 --          second; 0 when too few
@@ -30,6 +31,13 @@
 --          ARGV[23] us such throttles hold nothing, fleet-wide
 -- ARGV[22] 1 when the response carries no count at all, else 0
 -- ARGV[23] how long a storm is believed, in us
+-- ARGV[24] the quota's remaining; -1 when the response has none
+-- ARGV[25] the quota's limit; -1 when it states none
+-- ARGV[26] the quota's reset over its limit, in us; 0 when either is missing
+-- ARGV[27] the fleet's requests in flight as estimated without the ring
+--          of grants (see report in rate.lua)
+-- ARGV[28] 1 when the response's count sets the key's budget (a requests
+--          quota with a reset), else 0
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape, 1 while a storm is believed
@@ -44,10 +52,12 @@ if tonumber(ARGV[11]) >= 0 then sent = now - tonumber(ARGV[11]) end
 local reset, rem0, ra = tonumber(ARGV[12]), ARGV[13] == '1', tonumber(ARGV[14])
 local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm')
+local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
+
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
-local advu, storm = tonumber(st[6]), tonumber(st[7]) or 0
+local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
   redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb')
@@ -65,8 +75,21 @@ end
 if tonumber(ARGV[20]) > 0 then
   shape = tonumber(ARGV[20])
 elseif zat and zun and sent > zat and sent < zun then
-  -- accepted before the reset: a bucket (a refusal proves nothing)
-  if accepted then shape = 2 end
+  if accepted then
+    -- accepted before the reset: a bucket, unless the whole limit came
+    -- back (a window that reset early, or a bucket full again)
+    if not (lim >= 0 and rem >= lim - 1) then shape = 2 end
+  elseif shape == 0 and exhausted and throttled and rem == 0 and zunit > 0 and sent - zat >= 2 * zunit then
+    -- refused two units' refill after the zero: no bucket, a window
+    shape = 1
+  end
+end
+if ARGV[28] == '1' then
+  local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+  redis.call('HSET', KEYS[1], 'shape', shape)
+  report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0)
+elseif shape == 2 then
+  redis.call('HDEL', KEYS[1], 'bud', 'budu', 'budn')
 end
 if adv > 0 then
   redis.call('HSET', KEYS[1], 'adv', string.format('%.17g', adv), 'advu', string.format('%.0f', now + ttl))
@@ -81,22 +104,27 @@ end
 
 local held = 0
 if exhausted then
-  local unit = 1000000 / old
+  local rateUnit = 1000000 / old
   local untilus
   if reset < 0 then
-    if ra >= 0 then untilus = now + ra else untilus = now + unit end
+    if ra >= 0 then untilus = now + ra else untilus = now + rateUnit end
   else
     if rem0 then
-      redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', now + reset))
+      redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', now + reset),
+        'zunit', string.format('%.0f', unit))
     end
     if shape == 1 then
       untilus = now + math.max(reset, ra)
     elseif shape == 2 then
       -- a success says the bucket is empty: the rate is the wait; a
       -- refusal holds one unit
-      if throttled then untilus = now + math.min(reset, unit) else untilus = now end
+      if throttled then untilus = now + math.min(reset, rateUnit) else untilus = now end
     else
-      untilus = now + math.max(ra, math.min(reset, math.max(probe, unit)))
+      untilus = now + math.max(ra, math.min(reset, math.max(probe, rateUnit)))
+      -- after the hold the budget is forgotten until the next report, as
+      -- in spend (rate.lua): the answers to the requests sent then tell
+      -- the shape
+      redis.call('HDEL', KEYS[1], 'bud', 'budu')
     end
   end
   local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
@@ -106,7 +134,7 @@ if exhausted then
     -- the fleet resumes at the rate rather than in a burst.
     if burst > 0 then
       local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-      local drained = untilus + (burst - 1) * unit
+      local drained = untilus + (burst - 1) * rateUnit
       if drained > tat then
         redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
       end
@@ -132,7 +160,7 @@ if exhausted then
     -- Turns reserved before the decrease go out at the old rate: the
     -- throttles they meet belong to this episode too.
     local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-    local last = tat - math.max(burst, 1) * unit
+    local last = tat - math.max(burst, 1) * rateUnit
     redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', math.max(w0, floor)),
       'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
   end

@@ -41,6 +41,117 @@ local function effective(key, now, configured, discover, c, floor)
   return r
 end
 
+-- The key's budget (controller.go's ctlState.report and spend), in the
+-- same hash:
+--   bud, budu, budn  the units the fleet may still be granted before budu
+--               (us), and the reported reset over its limit (us; 0 when
+--               none): set by a report of a window's quota (or one whose
+--               shape is not known yet), spent by every grant
+--   hist        since when the grants are recorded (us)
+--   g0 .. g255  the grants of the last 2.56 s, a ring of 10 ms slots:
+--               "<slot>:<units>", slot being the turn's time / 10 ms
+-- A report's remaining counts every request the provider decided before
+-- the reported one; the fleet's requests it has not counted yet are those
+-- granted a turn after the reported request was sent (the ring, when it
+-- covers that time), else the reporting instance's requests in flight
+-- times the live instances (the first report, or a request older than
+-- the ring).
+local ringSlot, ringSize = 10000, 256
+
+-- grant records cost units granted a turn at at (us) in key's ring, when
+-- the key keeps a budget.
+local function grant(key, at, cost)
+  local slot = math.floor(at / ringSlot)
+  local f = 'g' .. (slot % ringSize)
+  local v = redis.call('HGET', key, f)
+  local units = 0
+  if v then
+    local s, u = string.match(v, '^(%d+):([%d.]+)$')
+    if tonumber(s) == slot then units = tonumber(u) end
+  end
+  redis.call('HSET', key, f, string.format('%.0f:%.17g', slot, units + cost))
+end
+
+-- granted returns the units granted a turn at or after from (us), up to
+-- upto (us), or nil when the ring does not cover from.
+local function granted(key, from, upto, now, hist)
+  local first, last = math.floor(from / ringSlot), math.floor(math.max(now, upto) / ringSlot)
+  if not hist or from + ringSlot < hist or last - first >= ringSize then
+    return nil
+  end
+  local fields = {}
+  for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
+  local vals = redis.call('HMGET', key, unpack(fields))
+  local n = 0
+  for i, v in ipairs(vals) do
+    if v then
+      local s, u = string.match(v, '^(%d+):([%d.]+)$')
+      if tonumber(s) == first + i - 1 then n = n + tonumber(u) end
+    end
+  end
+  return n
+end
+
+-- report sets key's budget from a report at now: remaining rem (the
+-- provider's count, as of the reported request), the reset in us, unit in
+-- us (the reset over the limit; 0 for none), sent the reported request's
+-- send time (us; -1 unknown), inflight the fallback estimate of the
+-- fleet's requests in flight, tat the bucket's, kind what the reset
+-- means as the provider's dialect says (0 when it does not). A bucket has
+-- no budget.
+local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
+  local st = redis.call('HMGET', key, 'shape', 'hist')
+  if kind > 0 then
+    redis.call('HSET', key, 'shape', kind)
+    st[1] = kind
+  end
+  if tonumber(st[1]) == 2 then
+    redis.call('HDEL', key, 'bud', 'budu', 'budn')
+    return
+  end
+  local hist = tonumber(st[2])
+  local owed = nil
+  if sent >= 0 then
+    -- (from a slot early, so that the reported request's own turn is surely
+    -- among them, on a clock a little off the instance's: one unit less)
+    -- (the turns given up to the reset: those after it spend the next
+    -- window's quota)
+    owed = granted(key, sent - ringSlot, math.min(tat, now + reset), now, hist)
+    if owed then owed = math.max(owed - 1, 0) end
+  end
+  if not owed then owed = inflight end
+  redis.call('HSET', key, 'bud', string.format('%.17g', rem - owed), 'budu', string.format('%.0f', now + reset),
+    'budn', string.format('%.0f', unit))
+  if not hist then redis.call('HSET', key, 'hist', string.format('%.0f', now)) end
+end
+
+-- spend takes cost units of key's budget for a turn at at (us), at now:
+-- it returns 0 when they were there (or there is no budget, or it has
+-- expired), else the time (us) the key is held until: the budget's reset
+-- for a window (shape 1); for a shape not known yet, a brief hold (probe
+-- us, or until the reset if sooner), after which the budget is forgotten
+-- until the next report, as after a "remaining 0". (The Go controller
+-- lets one request go after the hold and holds the key again until its
+-- answer tells the shape; the fleet's turns are given ahead of time, to
+-- waiters that would each be held a probe's time behind the other.)
+local function spend(key, at, cost, probe, now)
+  local st = redis.call('HMGET', key, 'bud', 'budu', 'shape')
+  local bud, budu, shape = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]) or 0
+  if not bud or not budu or at >= budu or shape == 2 then return 0 end
+  if bud >= cost then
+    redis.call('HSET', key, 'bud', string.format('%.17g', bud - cost))
+    return 0
+  end
+  -- Spent: a "remaining 0" as of at, whose answer tells the shape.
+  local z = redis.call('HMGET', key, 'zun', 'budn')
+  if not (tonumber(z[1]) and tonumber(z[1]) > now) then
+    redis.call('HSET', key, 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', budu), 'zunit', z[2] or '0')
+  end
+  if shape == 1 then return budu end
+  redis.call('HDEL', key, 'bud', 'budu')
+  return math.min(budu, at + probe)
+end
+
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])

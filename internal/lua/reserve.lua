@@ -15,8 +15,18 @@
 --          given, when it was lower); -1 for none
 -- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
 --          (units per second)
--- ARGV[7], ARGV[8], ...  pairs of (cost, max wait in us; -1 for none), one
---          pair a request, served in order
+-- ARGV[7]  a report to apply first (see report in rate.lua): the
+--          provider's remaining; -1 for none
+-- ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]  its reset (us), its
+--          reset over its limit (us; 0 for none), how long ago its request
+--          was sent (us; -1 when unknown), the fleet's requests in flight as
+--          estimated without the ring, what its reset means (the dialect's
+--          word: 0 unknown, 1 a window, 2 a bucket)
+-- ARGV[13] how long a spent budget holds a key of unknown shape (us)
+-- ARGV[14] the channel on which to tell every instance of a hold
+-- ARGV[15] the key's id, sent on the channel as "<id> <hold left in us>"
+-- ARGV[16], ARGV[17], ...  pairs of (cost, max wait in us; -1 for none),
+--          one pair a request, served in order
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
 -- in units per second (a string, at full precision), then a pair a request: (code, wait in
@@ -39,28 +49,59 @@ if tonumber(ARGV[3]) >= 0 then
   if tat > start and ti > qi then qi = ti end
   queue = tonumber(ARGV[3]) * qi
 end
-local out = {math.max(0, math.ceil(pause - now)), string.format('%.17g', rate)}
+if tonumber(ARGV[7]) >= 0 then
+  local sent = -1
+  if tonumber(ARGV[10]) >= 0 then sent = now - tonumber(ARGV[10]) end
+  report(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), sent, tonumber(ARGV[11]), tat,
+    tonumber(ARGV[12]))
+end
+local keeps = redis.call('HEXISTS', KEYS[3], 'hist') == 1
+local probe = tonumber(ARGV[13])
+local out = {0, string.format('%.17g', rate)}
 local changed = false
-for i = 7, #ARGV, 2 do
+for i = 16, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst
   if b == 0 then b = cost end
-  local newtat, at = turn(tat, start, cost, b, interval)
-  local wait = math.ceil(at - now)
-  local code = 0
-  -- The queue is counted from the end of the key's hold: a hold alone
-  -- never makes the queue full.
-  if queue >= 0 and at - start > queue then
-    code = 2
-  elseif maxwait >= 0 and wait > maxwait then
-    code = 1
-  else
+  local code, newtat, at, wait
+  -- (twice at most: a spent budget holds the key, and the turn moves to
+  -- the hold's end, where the budget has expired or is forgotten)
+  for _ = 1, 2 do
+    newtat, at = turn(tat, start, cost, b, interval)
+    wait = math.ceil(at - now)
+    code = 0
+    -- The queue is counted from the end of the key's hold: a hold alone
+    -- never makes the queue full.
+    if queue >= 0 and at - start > queue then
+      code = 2
+    elseif maxwait >= 0 and wait > maxwait then
+      code = 1
+    end
+    if code ~= 0 then break end
+    local held = spend(KEYS[3], at, cost, probe, now)
+    if held <= pause then break end
+    -- The budget is spent: the fleet is held until then, and resumes at
+    -- the rate (its bucket emptied as of the hold's end but for a unit).
+    pause = held
+    start = math.max(now, pause)
+    redis.call('SET', KEYS[2], string.format('%.0f', pause), 'PX', math.ceil((pause - now) / 1000) + 1)
+    redis.call('PUBLISH', ARGV[14], ARGV[15] .. ' ' .. string.format('%.0f', pause - now))
+    if burst > 0 then tat = math.max(tat, pause + (burst - 1) * interval) end
+    changed = true
+  end
+  if code == 0 then
     tat = newtat
     changed = true
+    if keeps then grant(KEYS[3], at, cost) end
   end
   out[#out + 1] = code
   out[#out + 1] = wait
+end
+out[1] = math.max(0, math.ceil(pause - now))
+if keeps or tonumber(ARGV[7]) >= 0 then
+  -- The budget and the ring live as long as the learnt state.
+  if redis.call('PTTL', KEYS[3]) < 0 then redis.call('PEXPIRE', KEYS[3], 600000) end
 end
 if changed then
   -- The state matters until the bucket is full again.
