@@ -110,6 +110,7 @@ type ctlState struct {
 	budget          float64       // the units that may still be granted before budgetUntil (see spend)
 	budgetUntil     time.Time     // the reset the budget came with; zero for none
 	budgetUnit      time.Duration // the report's reset over its limit; 0 when it states no limit
+	ambiguous       uint8         // acceptances after a zero in a row that had the whole limit back (see learnShape)
 	meter           meter         // the key's recent outcomes, for the estimate of its limit
 	storm           storm         // whether throttles without counts are about the quota
 }
@@ -275,7 +276,8 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 // learnShape learns what the key's reset means from a response to a request
 // sent after a "remaining 0" (or nothing left once the requests in flight
 // are counted) and before its reset: accepted with less than its whole
-// limit back, the provider refills continuously (a bucket). A refusal mostly
+// limit back (or twice in a row with it back), the provider refills
+// continuously (a bucket). A refusal mostly
 // proves nothing — a bucket refuses too while it is sent to faster than it
 // refills — except when the request was sent at least two units' refill
 // after the zero, a unit being the reset over the limit (the slowest a
@@ -290,16 +292,22 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 	case s.Status >= 200 && s.Status < 300:
 		// Unless the whole limit came back at once: a window that reset
 		// before the time it stated (rounded up to the second), or a
-		// bucket full again; either way nothing is learnt.
-		if !(hasQ && q.HasLimit && q.Remaining >= q.Limit-1) {
-			st.shape = shapeBucket
+		// small bucket full again. The first answer after a zero tells;
+		// twice in a row such an answer is a bucket's (a window resets
+		// within the probe's hold only by chance).
+		st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
+		if hasQ && q.HasLimit && q.Remaining >= q.Limit-1 {
+			if st.ambiguous++; st.ambiguous < 2 {
+				return
+			}
 		}
+		st.shape, st.ambiguous = shapeBucket, 0
 	case st.shape == shapeUnknown && s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther &&
 		st.zeroUnit > 0 && s.SentAt.Sub(st.zeroAt) >= 2*st.zeroUnit:
 		// Refused at least two units' refill (the reset over the limit, the
 		// slowest a bucket that states them can refill) after it said
 		// nothing was left: no bucket, a window.
-		st.shape = shapeWindow
+		st.shape, st.ambiguous = shapeWindow, 0
 	}
 }
 
@@ -319,7 +327,9 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		return now.Add(time.Duration(float64(time.Second) / rate))
 	}
 	reset := q.Reset
-	if q.Remaining-float64(s.InFlight) <= 0 {
+	if q.Remaining-float64(s.InFlight) <= 0 && !st.zeroUntil.After(now) {
+		// (The first zero counts until its reset: the answers to requests
+		// sent before it, heard later, do not move it on.)
 		st.zeroAt, st.zeroUntil, st.zeroUnit = now, now.Add(reset), st.budgetUnit
 	}
 	switch st.shape {

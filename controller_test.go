@@ -323,15 +323,19 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
-			name: "a request accepted after the zero with the whole limit back says nothing: a window may have reset early",
+			name: "the first answer after a zero with the whole limit back says nothing (a window may have reset early); twice in a row, a bucket",
 			steps: []sig{
 				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 20; return x }(),
 				func() sig { x := withQuota(ok(130*ms, 120*ms), 19, s); x.quota = 20; return x }(),
-				func() sig { x := withQuota(ok(300*ms, 290*ms), 1, s); x.quota = 20; return x }(), // a unit or two back: a bucket
+				func() sig { x := withQuota(ok(140*ms, 125*ms), 1, s); x.quota = 20; return x }(), // not the first answer: nothing
+				func() sig { x := withQuota(ok(300*ms, 290*ms), 0, s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(430*ms, 420*ms), 19, s); x.quota = 20; return x }(),
 			},
 			wants: []want{
 				{hold: probeHold},
 				{},
+				{},
+				{hold: 300*ms + probeHold},
 				{shape: shapeBucket, drain: true},
 			},
 		},

@@ -77,11 +77,24 @@ if tonumber(ARGV[20]) > 0 then
 elseif zat and zun and sent > zat and sent < zun then
   if accepted then
     -- accepted before the reset: a bucket, unless the whole limit came
-    -- back (a window that reset early, or a bucket full again)
-    if not (lim >= 0 and rem >= lim - 1) then shape = 2 end
+    -- back (a window that reset early, or a small bucket full again),
+    -- which is a bucket's only twice in a row; the first answer tells
+    redis.call('HDEL', KEYS[1], 'zat', 'zun')
+    zat, zun = nil, nil
+    local amb = 0
+    if lim >= 0 and rem >= lim - 1 then
+      amb = (tonumber(redis.call('HGET', KEYS[1], 'amb') or '0') or 0) + 1
+    end
+    if amb == 1 then
+      redis.call('HSET', KEYS[1], 'amb', 1)
+    else
+      shape = 2
+      redis.call('HDEL', KEYS[1], 'amb')
+    end
   elseif shape == 0 and exhausted and throttled and rem == 0 and zunit > 0 and sent - zat >= 2 * zunit then
     -- refused two units' refill after the zero: no bucket, a window
     shape = 1
+    redis.call('HDEL', KEYS[1], 'amb')
   end
 end
 if ARGV[28] == '1' then
@@ -109,7 +122,8 @@ if exhausted then
   if reset < 0 then
     if ra >= 0 then untilus = now + ra else untilus = now + rateUnit end
   else
-    if rem0 then
+    if rem0 and not (zun and zun > now) then
+      -- (the first zero counts until its reset)
       redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', now + reset),
         'zunit', string.format('%.0f', unit))
     end

@@ -23,8 +23,8 @@
 --          estimated without the ring, what its reset means (the dialect's
 --          word: 0 unknown, 1 a window, 2 a bucket)
 -- ARGV[13] how long a spent budget holds a key of unknown shape (us)
--- ARGV[14] the channel on which to tell every instance of a hold
--- ARGV[15] the key's id, sent on the channel as "<id> <hold left in us>"
+-- ARGV[14], ARGV[15]  the channel on which holds are told, and the key's
+--          id (unused: a spent budget's hold is not told, see below)
 -- ARGV[16], ARGV[17], ...  pairs of (cost, max wait in us; -1 for none),
 --          one pair a request, served in order
 --
@@ -83,10 +83,12 @@ for i = 16, #ARGV, 2 do
     if held <= pause then break end
     -- The budget is spent: the fleet is held until then, and resumes at
     -- the rate (its bucket emptied as of the hold's end but for a unit).
+    -- The turns given before this one were within the budget: the hold
+    -- is not told on the channel, which would make their waiters reserve
+    -- again after it.
     pause = held
     start = math.max(now, pause)
     redis.call('SET', KEYS[2], string.format('%.0f', pause), 'PX', math.ceil((pause - now) / 1000) + 1)
-    redis.call('PUBLISH', ARGV[14], ARGV[15] .. ' ' .. string.format('%.0f', pause - now))
     if burst > 0 then tat = math.max(tat, pause + (burst - 1) * interval) end
     changed = true
   end
