@@ -277,15 +277,16 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 // sent after a "remaining 0" (or nothing left once the requests in flight
 // are counted) and before its reset: accepted with less than its whole
 // limit back (or twice in a row with it back), the provider refills
-// continuously (a bucket). A refusal mostly
-// proves nothing — a bucket refuses too while it is sent to faster than it
-// refills — except when the request was sent at least two units' refill
-// after the zero, a unit being the reset over the limit (the slowest a
-// bucket that reports them refills): then it is a window. Otherwise a
-// window is known only from its dialect (Quota.Kind); until then the key is
-// held as holdUntil says of an unknown shape.
+// continuously (a bucket). A refusal mostly proves nothing — a bucket
+// refuses too while it is sent to faster than it refills — except when the
+// request was sent a unit's refill or more after the zero, a unit being
+// the reset over the limit (the slowest a bucket that reports them
+// refills; a reset rounded up makes it slower still): then it is a
+// window. Otherwise a window is known only from its dialect (Quota.Kind);
+// until then the key is held as holdUntil says of an unknown shape. A
+// shape learnt is kept.
 func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
-	if st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
+	if st.shape != shapeUnknown || st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
 		return
 	}
 	switch {
@@ -302,9 +303,9 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 			}
 		}
 		st.shape, st.ambiguous = shapeBucket, 0
-	case st.shape == shapeUnknown && s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther &&
-		st.zeroUnit > 0 && s.SentAt.Sub(st.zeroAt) >= 2*st.zeroUnit:
-		// Refused at least two units' refill (the reset over the limit, the
+	case s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther &&
+		st.zeroUnit > 0 && s.SentAt.Sub(st.zeroAt) >= st.zeroUnit:
+		// Refused a unit's refill or more (the reset over the limit, the
 		// slowest a bucket that states them can refill) after it said
 		// nothing was left: no bucket, a window.
 		st.shape, st.ambiguous = shapeWindow, 0

@@ -312,7 +312,7 @@ func ctlTables() []ctlTable {
 			wants: []want{{hold: probeHold}},
 		},
 		{
-			name: "a request refused two units' refill (reset / limit) after the zero: a window, held until its reset",
+			name: "a request refused a unit's refill (reset / limit) or more after the zero: a window, held until its reset",
 			steps: []sig{
 				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 20; return x }(), // a unit: 50ms
 				func() sig { x := withQuota(throttle(160*ms, 150*ms, s), 0, 840*ms); x.quota = 20; return x }(),

@@ -74,7 +74,7 @@ end
 -- "remaining 0" and before its reset.
 if tonumber(ARGV[20]) > 0 then
   shape = tonumber(ARGV[20])
-elseif zat and zun and sent > zat and sent < zun then
+elseif shape == 0 and zat and zun and sent > zat and sent < zun then
   if accepted then
     -- accepted before the reset: a bucket, unless the whole limit came
     -- back (a window that reset early, or a small bucket full again),
@@ -91,8 +91,8 @@ elseif zat and zun and sent > zat and sent < zun then
       shape = 2
       redis.call('HDEL', KEYS[1], 'amb')
     end
-  elseif shape == 0 and exhausted and throttled and rem == 0 and zunit > 0 and sent - zat >= 2 * zunit then
-    -- refused two units' refill after the zero: no bucket, a window
+  elseif exhausted and throttled and rem == 0 and zunit > 0 and sent - zat >= zunit then
+    -- refused a unit's refill or more after the zero: no bucket, a window
     shape = 1
     redis.call('HDEL', KEYS[1], 'amb')
   end
@@ -123,8 +123,12 @@ if exhausted then
     if ra >= 0 then untilus = now + ra else untilus = now + rateUnit end
   else
     if rem0 and not (zun and zun > now) then
-      -- (the first zero counts until its reset)
-      redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', now + reset),
+      -- (the first zero counts until its reset; from the last turn the
+      -- fleet was given, so that the requests sent at turns given before
+      -- it tell nothing)
+      local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+      local z = math.max(now, tat - math.max(burst, 1) * rateUnit)
+      redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', z), 'zun', string.format('%.0f', now + reset),
         'zunit', string.format('%.0f', unit))
     end
     if shape == 1 then

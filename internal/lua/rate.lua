@@ -49,7 +49,11 @@ end
 --               shape is not known yet), spent by every grant
 --   hist        since when the grants are recorded (us)
 --   g0 .. g255  the grants of the last 2.56 s, a ring of 10 ms slots:
---               "<slot>:<units>", slot being the turn's time / 10 ms
+--               "<slot>:<units>", slot being the turn's time / 10 ms; kept
+--               for every key, by the reservation script (a few hundred
+--               bytes, for ten seconds after the last grant unless the
+--               key has learnt state), so that the first report finds the
+--               turns granted before it
 -- A report's remaining counts every request the provider decided before
 -- the reported one; the fleet's requests it has not counted yet are those
 -- granted a turn after the reported request was sent (the ring, when it
@@ -58,8 +62,7 @@ end
 -- the ring).
 local ringSlot, ringSize = 10000, 256
 
--- grant records cost units granted a turn at at (us) in key's ring, when
--- the key keeps a budget.
+-- grant records cost units granted a turn at at (us) in key's ring.
 local function grant(key, at, cost)
   local slot = math.floor(at / ringSlot)
   local f = 'g' .. (slot % ringSize)
@@ -76,7 +79,7 @@ end
 -- upto (us), or nil when the ring does not cover from.
 local function granted(key, from, upto, now, hist)
   local first, last = math.floor(from / ringSlot), math.floor(math.max(now, upto) / ringSlot)
-  if not hist or from + ringSlot < hist or last - first >= ringSize then
+  if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then
     return nil
   end
   local fields = {}
@@ -112,17 +115,17 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   local hist = tonumber(st[2])
   local owed = nil
   if sent >= 0 then
-    -- (from a slot early, so that the reported request's own turn is surely
-    -- among them, on a clock a little off the instance's: one unit less)
+    -- (from two slots early, so that the reported request's own turn is
+    -- surely among them, and the turns of requests sent a little after
+    -- their turn too: one unit less)
     -- (the turns given up to the reset: those after it spend the next
     -- window's quota)
-    owed = granted(key, sent - ringSlot, math.min(tat, now + reset), now, hist)
+    owed = granted(key, sent - 2 * ringSlot, math.min(tat, now + reset), now, hist)
     if owed then owed = math.max(owed - 1, 0) end
   end
   if not owed then owed = inflight end
   redis.call('HSET', key, 'bud', string.format('%.17g', rem - owed), 'budu', string.format('%.0f', now + reset),
     'budn', string.format('%.0f', unit))
-  if not hist then redis.call('HSET', key, 'hist', string.format('%.0f', now)) end
 end
 
 -- spend takes cost units of key's budget for a turn at at (us), at now:

@@ -49,13 +49,15 @@ if tonumber(ARGV[3]) >= 0 then
   if tat > start and ti > qi then qi = ti end
   queue = tonumber(ARGV[3]) * qi
 end
-if tonumber(ARGV[7]) >= 0 then
+local learnt = redis.call('EXISTS', KEYS[3]) == 1
+local reported = tonumber(ARGV[7]) >= 0
+if reported then
   local sent = -1
   if tonumber(ARGV[10]) >= 0 then sent = now - tonumber(ARGV[10]) end
   report(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), sent, tonumber(ARGV[11]), tat,
     tonumber(ARGV[12]))
 end
-local keeps = redis.call('HEXISTS', KEYS[3], 'hist') == 1
+local recorded = false
 local probe = tonumber(ARGV[13])
 local out = {0, string.format('%.17g', rate)}
 local changed = false
@@ -95,21 +97,28 @@ for i = 16, #ARGV, 2 do
   if code == 0 then
     tat = newtat
     changed = true
-    if keeps then grant(KEYS[3], at, cost) end
+    grant(KEYS[3], at, cost)
+    recorded = true
   end
   out[#out + 1] = code
   out[#out + 1] = wait
 end
 out[1] = math.max(0, math.ceil(pause - now))
-if keeps or tonumber(ARGV[7]) >= 0 then
-  -- The budget and the ring live as long as the learnt state.
-  if redis.call('PTTL', KEYS[3]) < 0 then redis.call('PEXPIRE', KEYS[3], 600000) end
+if recorded or reported then
+  -- The ring is kept for every key (a report may come for any), and
+  -- lives at least as long as it reaches back; a budget until its reset.
+  if recorded and redis.call('HEXISTS', KEYS[3], 'hist') == 0 then
+    redis.call('HSET', KEYS[3], 'hist', string.format('%.0f', now))
+  end
+  local keep = 10000
+  if reported then keep = math.max(keep, math.ceil(tonumber(ARGV[8]) / 1000) + 1000) end
+  if redis.call('PTTL', KEYS[3]) < keep then redis.call('PEXPIRE', KEYS[3], keep) end
 end
 if changed then
   -- The state matters until the bucket is full again.
   local ttl = math.ceil((tat - now) / 1000) + 1
   redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', ttl)
-  if queue >= 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  if queue >= 0 and learnt then
     redis.call('HSET', KEYS[3], 'ti', string.format('%.17g', interval))
   end
 end
