@@ -283,23 +283,20 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 // the reset over the limit (the slowest a bucket that reports them
 // refills; a reset rounded up makes it slower still): then it is a
 // window. Otherwise a window is known only from its dialect (Quota.Kind);
-// until then the key is held as holdUntil says of an unknown shape. Only
-// the first answer after a zero tells; a shape learnt is kept.
+// until then the key is held as holdUntil says of an unknown shape. A
+// shape learnt is kept.
 func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 	if st.shape != shapeUnknown || st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
 		return
 	}
-	// Only the first answer after a zero tells: the requests sent after it
-	// spend what the provider refilled meanwhile.
-	zeroAt := st.zeroAt
-	st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
 	switch {
 	case s.Status >= 200 && s.Status < 300:
 		// Unless the whole limit came back at once: a window that reset
 		// before the time it stated (rounded up to the second), or a
-		// small bucket full again. Twice in a row such an answer is a
-		// bucket's (a window resets within the probe's hold only by
-		// chance).
+		// small bucket full again. The first answer after a zero tells;
+		// twice in a row such an answer is a bucket's (a window resets
+		// within the probe's hold only by chance).
+		st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
 		if hasQ && q.HasLimit && q.Remaining >= q.Limit-1 {
 			if st.ambiguous++; st.ambiguous < 2 {
 				return
@@ -307,7 +304,7 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 		}
 		st.shape, st.ambiguous = shapeBucket, 0
 	case s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther &&
-		st.zeroUnit > 0 && s.SentAt.Sub(zeroAt) >= st.zeroUnit:
+		st.zeroUnit > 0 && s.SentAt.Sub(st.zeroAt) >= st.zeroUnit:
 		// Refused a unit's refill or more (the reset over the limit, the
 		// slowest a bucket that states them can refill) after it said
 		// nothing was left: no bucket, a window.

@@ -75,14 +75,12 @@ end
 if tonumber(ARGV[20]) > 0 then
   shape = tonumber(ARGV[20])
 elseif shape == 0 and zat and zun and sent > zat and sent < zun then
-  -- only the first answer after the zero tells
-  redis.call('HDEL', KEYS[1], 'zat', 'zun')
-  local z = zat
-  zat, zun = nil, nil
   if accepted then
     -- accepted before the reset: a bucket, unless the whole limit came
     -- back (a window that reset early, or a small bucket full again),
-    -- which is a bucket's only twice in a row
+    -- which is a bucket's only twice in a row; the first answer tells
+    redis.call('HDEL', KEYS[1], 'zat', 'zun')
+    zat, zun = nil, nil
     local amb = 0
     if lim >= 0 and rem >= lim - 1 then
       amb = (tonumber(redis.call('HGET', KEYS[1], 'amb') or '0') or 0) + 1
@@ -93,7 +91,7 @@ elseif shape == 0 and zat and zun and sent > zat and sent < zun then
       shape = 2
       redis.call('HDEL', KEYS[1], 'amb')
     end
-  elseif exhausted and throttled and rem == 0 and zunit > 0 and sent - z >= zunit then
+  elseif exhausted and throttled and rem == 0 and zunit > 0 and sent - zat >= zunit then
     -- refused a unit's refill or more after the zero: no bucket, a window
     shape = 1
     redis.call('HDEL', KEYS[1], 'amb')
