@@ -398,16 +398,7 @@ func (s *SharedInFlightLimit) wake(id string) {
 // do runs f with the command timeout, returning when it passes even if f
 // does not.
 func (s *SharedInFlightLimit) do(f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.timeout)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- f(ctx) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return withTimeout(context.Background(), s.cfg.timeout, f)
 }
 
 // failed enters the fallback: a local limit of this instance's share of n

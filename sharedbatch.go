@@ -328,7 +328,13 @@ func parseRate(v any) (float64, bool) {
 // even if f does not (a client without ContextTimeoutEnabled may block until
 // its own read timeout): the limiter must not hang with Redis.
 func (s *shared) do(ctx context.Context, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.timeout)
+	return withTimeout(ctx, s.cfg.timeout, f)
+}
+
+// withTimeout runs f with a context that ends after d, and returns when it
+// does even if f does not.
+func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- f(ctx) }()
