@@ -45,10 +45,13 @@ type SharedTokenBucket struct{ *shared }
 // SharedLeakyBucket is a pacer per key for a whole fleet: releases of a key
 // are spaced 1/rate apart across every instance that uses the same Redis and
 // the same name (a request of cost c is followed by a gap of c/rate). Each
-// caller atomically reserves the next free slot and sleeps until it; a slot
-// further out than queueDepth units of the rate (queueDepth/rate) is refused
-// at once with ErrQueueFull. Redis failures, pauses and Close work as for
-// SharedTokenBucket. A SharedLeakyBucket is safe for simultaneous use by
+// caller atomically reserves the next free slot and sleeps until it; a
+// caller that would wait behind queueDepth cost units, fleet-wide, is
+// refused at once with ErrQueueFull. The queue counts the units waiting for
+// turns after the end of the key's hold, as a LeakyBucket counts its
+// waiters: not the time their turns span, which a rate that has risen since
+// they were given, or a hold, would turn into phantom waiters. Redis
+// failures, pauses and Close work as for SharedTokenBucket. A SharedLeakyBucket is safe for simultaneous use by
 // multiple goroutines.
 type SharedLeakyBucket struct{ *shared }
 
@@ -80,8 +83,8 @@ func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst 
 }
 
 // NewSharedLeakyBucket returns a fleet-wide pacer per key, named name in
-// rdb, releasing at rate r and refusing a request whose slot is more than
-// queueDepth cost units (queueDepth/r) away. See NewSharedTokenBucket for
+// rdb, releasing at rate r and refusing a request that would queue behind
+// queueDepth cost units already waiting. See NewSharedTokenBucket for
 // the name and the errors.
 func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueDepth int, opts ...SharedOption) (*SharedLeakyBucket, error) {
 	if queueDepth < 0 {
@@ -290,12 +293,13 @@ func keyID(key string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// redisKeys returns the bucket and pause keys of a key id. They share the
-// hash tag {name:id}, so a script's keys share a Cluster slot, while
-// different keys spread over the Cluster.
+// redisKeys returns the bucket, pause, learnt-state and (for a pacer)
+// queue keys of a key id. They share the hash tag {name:id}, so a
+// script's keys share a Cluster slot, while different keys spread over
+// the Cluster.
 func (s *shared) redisKeys(id string) []string {
 	tag := "egress:{" + s.name + ":" + id + "}:"
-	return []string{tag + s.shape, tag + "pause", tag + "rate"}
+	return []string{tag + s.shape, tag + "pause", tag + "rate", tag + "queue"}
 }
 
 func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }

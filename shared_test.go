@@ -658,7 +658,7 @@ func TestSharedKeys(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("keys: %q", keys)
 	assert.Contains(t, keys, "sentinel", "FLUSHALL did not run")
-	bucketRE := regexp.MustCompile(`^egress:\{(alpha|beta|gamma\.pacer):([0-9a-f]{32})\}:(tb|lb|pause|rate)$`)
+	bucketRE := regexp.MustCompile(`^egress:\{(alpha|beta|gamma\.pacer):([0-9a-f]{32})\}:(tb|lb|pause|rate|queue)$`)
 	membersRE := regexp.MustCompile(`^egress:\{(alpha|beta|gamma\.pacer)\}:members$`)
 	byName := map[string][]string{}
 	for _, k := range keys {
@@ -710,6 +710,7 @@ func TestSharedKeys(t *testing.T) {
 		{tag("alpha", evil) + "tb", 0, 502 * time.Millisecond},                           // one token at 2/s
 		{tag("beta", "a:b:c") + "tb", 0, 502 * time.Millisecond},                         // 5 drained at 10/s
 		{tag("gamma.pacer", evil) + "lb", 0, 302 * time.Millisecond},                     // 3 slots at 10/s
+		{tag("gamma.pacer", evil) + "queue", 0, 302 * time.Millisecond},                  // its turns to come
 		{tag("alpha", "api.example.com") + "pause", 500 * time.Millisecond, 1002 * time.Millisecond},
 	}
 	for _, tt := range ttlTests {

@@ -26,12 +26,45 @@ import (
 // batchLane is the coalescing state of one key. Its fields are guarded by
 // the shared limiter's mu.
 type batchLane struct {
-	queue    []*pending    // waiting for a call
-	leading  bool          // a lead goroutine is running for the key
-	held     time.Time     // the latest turn this process holds
-	rtt      time.Duration // the last round trip's duration
-	called   time.Time     // when the last call returned
-	heldRate float64       // the key's rate when the turns held were given, units per second
+	queue   []*pending    // waiting for a call
+	leading bool          // a lead goroutine is running for the key
+	held    time.Time     // the latest turn this process holds
+	rtt     time.Duration // the last round trip's duration
+	called  time.Time     // when the last call returned
+	turns   []heldTurn    // pacer: the turns this process holds, in order; those past are dropped lazily
+	paused  time.Time     // the end of the key's hold, as the last reply said (a spent budget's is not told)
+}
+
+// queueFull reports whether a request of cost would find the pacer's
+// queue full: this process's own waiters already hold turns after from,
+// and they and cost are more than depth units. The caller holds mu.
+func (l *batchLane) queueFull(now, from time.Time, cost, depth int) bool {
+	n := l.waiting(now, from)
+	return n > 0 && n+cost > depth
+}
+
+// heldTurn is a turn a pacer's waiter in this process was given.
+type heldTurn struct {
+	at   time.Time
+	cost int
+}
+
+// waiting returns the units of this process's waiters whose turns come
+// after from, dropping the turns past at now: a lower bound of the
+// fleet's queue, which the script counts the same way.
+func (l *batchLane) waiting(now, from time.Time) int {
+	i := 0
+	for i < len(l.turns) && !l.turns[i].at.After(now) {
+		i++
+	}
+	l.turns = slices.Delete(l.turns, 0, i)
+	n := 0
+	for _, t := range l.turns {
+		if t.at.After(from) {
+			n += t.cost
+		}
+	}
+	return n
 }
 
 // coalesceShare: while the process holds turns, the lead keeps new waiters
@@ -70,7 +103,7 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		p.limit = now.Add(b.maxWait)
 	}
 	if !s.coalesce {
-		results, err := s.runReserve(id, []*pending{p})
+		results, _, err := s.runReserve(id, []*pending{p})
 		if err != nil {
 			return reserved{err: err}
 		}
@@ -95,19 +128,18 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		}
 		r := s.learntRateLocked(id)
 		wait := l.held.Sub(now) + durationOf(after, r)
-		// The queue counts from the end of the key's hold, as the script's.
-		from := now
-		if pm, ok := s.pauses[id]; ok && pm.until.After(from) {
-			from = pm.until
-		}
-		// The queue's depth is in units: the turns held were spaced at the
-		// rate of their time, lower than r when the rate has just risen.
-		depth := durationOf(s.depth, r)
-		if l.heldRate > 0 && l.heldRate < r.PerSecond() {
-			depth = durationOf(s.depth, PerSecond(l.heldRate))
+		// A pacer's queue is full when this process's own waiters fill it:
+		// the script counts theirs and the fleet's, from the end of the
+		// key's hold, whether the hold was told on the channel or only in
+		// a reply. Counting the time their turns span instead refused
+		// callers while fewer waited, after a rise of the rate or a
+		// spent budget's hold, and they came back at once, in a loop.
+		from := maxTime(now, l.paused)
+		if pm, ok := s.pauses[id]; ok {
+			from = maxTime(from, pm.until)
 		}
 		switch {
-		case s.depth >= 0 && l.held.Sub(from)+durationOf(after, r) > depth:
+		case s.depth >= 0 && l.queueFull(now, from, cost, s.depth):
 			s.mu.Unlock()
 			return reserved{code: 2, wait: wait}
 		case !p.limit.IsZero() && now.Add(wait).After(p.limit):
@@ -196,14 +228,19 @@ func (s *shared) lead(id string, l *batchLane) {
 		s.mu.Unlock()
 
 		start := s.clock.Now()
-		results, err := s.runReserve(id, batch)
+		results, paused, err := s.runReserve(id, batch)
 		now := s.clock.Now()
 		s.mu.Lock()
 		l.rtt, l.called = now.Sub(start), now
-		for _, r := range results {
+		if err == nil {
+			l.paused = now.Add(paused)
+		}
+		for i, r := range results {
 			if r.code == 0 {
 				l.held = maxTime(l.held, now.Add(r.wait))
-				l.heldRate = s.learntRateLocked(id).PerSecond()
+				if s.depth >= 0 {
+					l.turns = append(l.turns, heldTurn{at: now.Add(r.wait), cost: batch[i].cost})
+				}
 			}
 		}
 		s.mu.Unlock()
@@ -217,8 +254,10 @@ func (s *shared) lead(id string, l *batchLane) {
 	}
 }
 
-// runReserve runs the reservation script for batch: one round trip.
-func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
+// runReserve runs the reservation script for batch: one round trip. It
+// returns each request's result and the key's hold left, as the script
+// saw it.
+func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Duration, error) {
 	args := make([]any, 0, 14+2*len(batch))
 	args = append(args, s.rate.PerSecond(), s.usable, s.depth)
 	args = s.learnArgs(args)
@@ -246,14 +285,15 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
+		return nil, 0, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
 	results, rate, err := parseReserve(reply, len(batch))
 	if err != nil {
-		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
+		return nil, 0, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
 	s.seen(id, rate)
-	if paused := pauseOf(reply); paused > 0 {
+	paused := pauseOf(reply)
+	if paused > 0 {
 		s.pausedByBudget(id, paused)
 	}
 	for _, r := range results {
@@ -261,7 +301,7 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, error) {
 			s.admitted.Add(1)
 		}
 	}
-	return results, nil
+	return results, paused, nil
 }
 
 // parseReserve checks and reads the script's reply: the pause left, the

@@ -5,14 +5,17 @@
 -- KEYS[1]  the bucket's tat, in microseconds of server time
 -- KEYS[2]  the key's pause: no admission before this server time (us)
 -- KEYS[3]  the key's learnt limit (see rate.lua)
+-- KEYS[4]  the pacer's queue: a sorted set of the turns given and not yet
+--          come, one member a grant ("<turn>:<cost>"), scored by its
+--          turn's time (us); unused by the token bucket
 -- ARGV[1]  the configured rate, units per second
 -- ARGV[2]  the usable burst in cost units (the burst less the jitter
 --          margin; a larger cost waits for the rest); 0 makes a pacer (each request's own cost is
 --          its burst: releases spaced cost/rate apart, never a burst)
--- ARGV[3]  queue depth in cost units: a request whose turn is more than
---          depth/rate after the end of the key's hold (now, when it has
---          none) is refused as "queue full" (the rate of the turns already
---          given, when it was lower); -1 for none
+-- ARGV[3]  queue depth in cost units: a request that would wait for its
+--          turn, behind depth units whose turns come after the end of the
+--          key's hold (now, when it has none), is refused as "queue full";
+--          -1 for none
 -- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
 --          (units per second)
 -- ARGV[7]  a report to apply first (see report in rate.lua): the
@@ -39,17 +42,24 @@ local burst = tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local start = math.max(now, pause)
--- The queue's depth is in units: the turns already given were spaced at
--- the interval of their time (ti, kept while the key has learnt state),
--- which is longer than today's when the rate has just risen.
-local queue = -1
-if tonumber(ARGV[3]) >= 0 then
-  local qi = interval
-  local ti = tonumber(redis.call('HGET', KEYS[3], 'ti') or '0') or 0
-  if tat > start and ti > qi then qi = ti end
-  queue = tonumber(ARGV[3]) * qi
+-- The pacer's queue counts the units waiting, not the time their turns
+-- span: turns given at a lower rate than today's, or spread out by holds,
+-- are as many requests as they were when given. The units whose turns
+-- fall inside a hold are not counted: their waiters take new turns after
+-- it (see shared.Wait), and a hold alone never makes the queue full.
+local depth = tonumber(ARGV[3])
+local function waiting(from)
+  local n = 0
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. string.format('%.3f', from), '+inf')) do
+    n = n + (tonumber(string.match(m, ':([%d.]+)$')) or 0)
+  end
+  return n
 end
-local learnt = redis.call('EXISTS', KEYS[3]) == 1
+local queued = 0
+if depth >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%.3f', now))
+  queued = waiting(start)
+end
 local reported = tonumber(ARGV[7]) >= 0
 if reported then
   local sent = -1
@@ -73,9 +83,8 @@ for i = 16, #ARGV, 2 do
     newtat, at = turn(tat, start, cost, b, interval)
     wait = math.ceil(at - now)
     code = 0
-    -- The queue is counted from the end of the key's hold: a hold alone
-    -- never makes the queue full.
-    if queue >= 0 and at - start > queue then
+    -- A turn at the start goes at once; a later one waits in the queue.
+    if depth >= 0 and at > start and queued + cost > depth then
       code = 2
     elseif maxwait >= 0 and wait > maxwait then
       code = 1
@@ -90,6 +99,7 @@ for i = 16, #ARGV, 2 do
     -- again after it.
     pause = held
     start = math.max(now, pause)
+    if depth >= 0 then queued = waiting(start) end
     redis.call('SET', KEYS[2], string.format('%.0f', pause), 'PX', math.ceil((pause - now) / 1000) + 1)
     if burst > 0 then tat = math.max(tat, pause + (burst - 1) * interval) end
     changed = true
@@ -99,6 +109,10 @@ for i = 16, #ARGV, 2 do
     changed = true
     grant(KEYS[3], at, cost)
     recorded = true
+    if depth >= 0 and at > now then
+      redis.call('ZADD', KEYS[4], string.format('%.3f', at), string.format('%.3f:%d', at, cost))
+      if at > start then queued = queued + cost end
+    end
   end
   out[#out + 1] = code
   out[#out + 1] = wait
@@ -118,8 +132,6 @@ if changed then
   -- The state matters until the bucket is full again.
   local ttl = math.ceil((tat - now) / 1000) + 1
   redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', ttl)
-  if queue >= 0 and learnt then
-    redis.call('HSET', KEYS[3], 'ti', string.format('%.17g', interval))
-  end
+  if depth >= 0 then redis.call('PEXPIRE', KEYS[4], ttl) end
 end
 return out
