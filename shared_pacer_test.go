@@ -63,15 +63,10 @@ func TestSharedPacerQueueCountsUnits(t *testing.T) {
 	}
 	l := instance()
 	ctx := context.Background()
-	advertise := func(perSec float64) {
-		now := time.Now()
-		l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{{
-			Dimension: Requests, Limit: perSec, HasLimit: true, Window: time.Second, HasWindow: true}}})
-	}
-	advertise(2)
+	advertisePerSecond(ctx, l, "k", 2)
 	require.Equal(t, PerSecond(2), l.EffectiveRate("k"))
 	slow := pacerWaits(t, instance, 4) // one goes at once, three queue, 500 ms apart
-	advertise(100)
+	advertisePerSecond(ctx, l, "k", 100)
 	fast := pacerWaits(t, instance, 5) // eight units queued in all
 	_, err := instance().Wait(ctx, "k", 1, 0)
 	var le *LimitError

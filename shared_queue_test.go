@@ -20,12 +20,7 @@ func TestSharedPacerQueueAfterRateRise(t *testing.T) {
 	srv := redistest.Start(t)
 	l := newSharedLB(t, srv.Client(t), "queue-rise", PerSecond(100), 8, WithCommandTimeout(roomyTimeout))
 	ctx := context.Background()
-	advertise := func(perSec float64) {
-		now := time.Now()
-		l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{{
-			Dimension: Requests, Limit: perSec, HasLimit: true, Window: time.Second, HasWindow: true}}})
-	}
-	advertise(10)
+	advertisePerSecond(ctx, l, "k", 10)
 	require.Equal(t, PerSecond(10), l.EffectiveRate("k"))
 	var wg sync.WaitGroup
 	for range 4 { // 4 units queued at 10/s: turns up to 300 ms ahead
@@ -37,8 +32,16 @@ func TestSharedPacerQueueAfterRateRise(t *testing.T) {
 		}()
 	}
 	spinUntil(t, "4 turns given", func() bool { return l.Stats().Admitted >= 4 })
-	advertise(100) // the rate rises: 8 units at 100/s would be 80 ms
+	advertisePerSecond(ctx, l, "k", 100) // the rate rises: 8 units at 100/s would be 80 ms
 	_, err := l.Wait(ctx, "k", 1, 0)
 	require.NoError(t, err, "4 units queued of 8: not full")
 	wg.Wait()
+}
+
+// advertisePerSecond has l learn that the provider states a limit of
+// perSec requests a second for key, as a response read now would say.
+func advertisePerSecond(ctx context.Context, l Learner, key string, perSec float64) {
+	now := time.Now()
+	l.Learn(ctx, key, Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{{
+		Dimension: Requests, Limit: perSec, HasLimit: true, Window: time.Second, HasWindow: true}}})
 }
