@@ -60,8 +60,11 @@ type RetryPolicy struct {
 	// (over the last 10 s, per Transport), so that an outage does not
 	// multiply the traffic. Default 0.2.
 	BudgetRatio float64
-	// BudgetFloor is the number of retries allowed per 10 s whatever the
-	// traffic, so a quiet service can still retry. Default 10.
+	// BudgetFloor is the number of retries allowed per 10 s however few the
+	// first attempts, so a quiet service can still retry. It is a minimum,
+	// not an addition: a busy Transport retries BudgetRatio of its first
+	// attempts, and a fleet of N Transports does not add N floors to that.
+	// Default 10.
 	BudgetFloor int
 	// ErrorOnExhausted, when true, turns the last response of a request that
 	// ran out of attempts, time or budget into a *RetryError (its body is
@@ -252,7 +255,12 @@ func transient(req *http.Request, err error) bool {
 }
 
 // retryBudget caps the retries of a Transport at ratio × the first attempts
-// of the last 10 seconds, plus floor. It counts in one-second slots.
+// of the last 10 seconds, or at floor when that is more. The floor is a
+// minimum (Envoy's min_retry_concurrency; Gateway API GEP-3388: "the budget
+// for retries never goes below this minimum value"), not a reserve added to
+// the ratio as in Finagle's RetryBudget: added, every instance of a fleet
+// adds its floor, and the fleet retries more, the more instances share its
+// traffic. It counts in one-second slots.
 type retryBudget struct {
 	ratio float64
 	floor int
@@ -298,7 +306,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 			retries += s.retries
 		}
 	}
-	if float64(retries+1) > b.ratio*float64(firsts)+float64(b.floor) {
+	if float64(retries+1) > max(b.ratio*float64(firsts), float64(b.floor)) {
 		return false
 	}
 	cur.retries++

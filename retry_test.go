@@ -231,17 +231,16 @@ func TestRetryBudgetSteps(t *testing.T) {
 		steps []step
 	}{
 		{
-			name: "the floor alone, then ratio times the first attempts on top", ratio: 0.5, floor: 2,
+			name: "the floor while the first attempts are few, ratio times them once that is more (not both)", ratio: 0.5, floor: 2,
 			steps: []step{
-				{at: 0, want: []bool{true, true, false}},                                      // floor 2
-				{at: 0, deposits: 2, want: []bool{true, false}},                               // 0.5·2 + 2 = 3
-				{at: 5 * time.Second, deposits: 4, want: []bool{true, true, false}},           // 0.5·6 + 2 = 5
-				{at: 9*time.Second + 999*time.Millisecond, want: []bool{false}},               // t0's second still counts
-				{at: 10 * time.Second, want: []bool{true, true, false}},                       // t0's slot expired: 0.5·4 + 2 = 4, 2 spent
-				{at: 15 * time.Second, want: []bool{false}},                                   // t0+5s expired: 2, and t0+10s spent 2
-				{at: 20 * time.Second, want: []bool{true, true, false}},                       // everything expired
-				{at: 20*time.Second + 500*time.Millisecond, deposits: 1, want: []bool{false}}, // 0.5 + 2 = 2.5, 2 spent
-				{at: 21 * time.Second, deposits: 1, want: []bool{true, false}},                // 0.5·2 + 2 = 3
+				{at: 0, want: []bool{true, true, false}},                                          // floor 2
+				{at: 0, deposits: 2, want: []bool{false}},                                         // max(0.5·2, 2) = 2, 2 spent
+				{at: 5 * time.Second, deposits: 4, want: []bool{true, false}},                     // max(0.5·6, 2) = 3
+				{at: 9*time.Second + 999*time.Millisecond, want: []bool{false}},                   // t0's second still counts
+				{at: 10 * time.Second, want: []bool{true, false}},                                 // t0's slot expired: max(0.5·4, 2) = 2, 1 spent
+				{at: 15 * time.Second, deposits: 10, want: []bool{true, true, true, true, false}}, // t0+5s expired: max(0.5·10, 2) = 5, 1 spent at t0+10s
+				{at: 20 * time.Second, want: []bool{true, false}},                                 // t0+10s expired: 5, 4 spent at t0+15s
+				{at: 25 * time.Second, want: []bool{true, false}},                                 // t0+15s expired: the floor, 1 spent at t0+20s
 			},
 		},
 		{
@@ -944,7 +943,7 @@ func TestRetryBudgetCapsAnOutage(t *testing.T) {
 
 	assert.Zero(t, bad.Load(), "every caller gets the last 503")
 	total := srv.count()
-	bound := firsts + int(ratio*firsts) + floor
+	bound := firsts + max(int(ratio*firsts), floor)
 	assert.LessOrEqual(t, total, bound, "attempts at the server: %d first attempts, ratio %v, floor %d", firsts, ratio, floor)
 	assert.GreaterOrEqual(t, total, firsts+floor, "the floor's retries were made")
 	retries, _, exhausted := rec.retryLog()
