@@ -1,0 +1,88 @@
+//go:build go1.25
+
+package egress
+
+// The local TokenBucket's waiters on the fake clock of a testing/synctest
+// bubble, measured to the nanosecond.
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestTokenBucketDecreaseSpreadsReservedTurns: waiters that reserved their
+// turns at 100/s, when a throttle lowers the key's rate, go at the new rate
+// from the decrease on, not at the old one: otherwise every turn reserved
+// before the decrease (a queue of waiters is a backlog of seconds) reaches
+// the provider faster than it allows, and meets a throttle of its own.
+// Turns reserved after the decrease queue behind them, at the new rate.
+func TestTokenBucketDecreaseSpreadsReservedTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tb, err := NewTokenBucket(PerSecond(100), 1, WithTransitMargin(0))
+		require.NoError(t, err)
+		ctx := context.Background()
+		start := time.Now()
+		const before, after = 20, 5
+		var (
+			mu   sync.Mutex
+			done = map[int]time.Duration{}
+			wg   sync.WaitGroup
+		)
+		wait := func(i int) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := tb.Wait(ctx, "k", 1, 0)
+				assert.NoError(t, err)
+				mu.Lock()
+				done[i] = time.Since(start)
+				mu.Unlock()
+			}()
+			synctest.Wait() // reserved, in this order
+		}
+		for i := range before {
+			wait(i)
+		}
+		// The first turn went at once; the rest are due every 10 ms.
+		time.Sleep(5 * time.Millisecond)
+		now := time.Now()
+		d := tb.Learn(ctx, "k", Signal{Status: http.StatusTooManyRequests, SentAt: now.Add(-time.Millisecond), Now: now})
+		require.Equal(t, "throttled", d.Why)
+		lowered := d.New.PerSecond()
+		require.Less(t, lowered, 100.0)
+		for i := range after {
+			wait(before + i)
+		}
+		wg.Wait()
+
+		unit := time.Duration(float64(time.Second) / lowered)
+		assert.Equal(t, time.Duration(0), done[0], "the first took the bucket's token")
+		// Turn i was due at i × 10 ms; from the decrease at 5 ms on, the
+		// rest of its wait is spread by 100/lowered.
+		spread := func(i int) time.Duration {
+			return 5*time.Millisecond + time.Duration(float64(time.Duration(i)*10*time.Millisecond-5*time.Millisecond)*100/lowered)
+		}
+		// (The throttle holds the key for one unit, until 5 ms + 10 ms: a
+		// turn that falls within the hold is taken again after it.)
+		holdEnd := 15 * time.Millisecond
+		for i := 1; i < before; i++ {
+			if spread(i) < holdEnd {
+				assert.GreaterOrEqual(t, done[i], holdEnd, "turn %d, within the hold", i)
+				continue
+			}
+			assert.InDelta(t, spread(i), done[i], float64(time.Millisecond), "turn %d, reserved before the decrease", i)
+		}
+		last := spread(before - 1)
+		for i := range after {
+			assert.GreaterOrEqual(t, done[before+i], last+time.Duration(i+1)*unit-time.Millisecond,
+				"turn %d, reserved after the decrease: behind the spread turns, at the new rate", before+i)
+		}
+	})
+}
