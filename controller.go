@@ -586,3 +586,47 @@ func defaultLearn(r Rate) learnConfig {
 		beta: defaultBeta, c: defaultC, floor: r.PerSecond() / 10,
 	}
 }
+
+// lowerings are a key's last rate decreases, oldest first. A limiter that
+// gives turns ahead of time (a token bucket's reservations, the fleet's
+// GCRA turns) spreads the turns given before a decrease at the new rate:
+// otherwise a queue of waiters, a backlog of turns at the old rate, reaches
+// the provider faster than it allows for as long as the backlog lasts, and
+// meets a throttle of its own.
+type lowerings [4]lowering
+
+// lowering is a decrease of a key's rate decided at at, by factor (old over
+// new), that spreads the turns after from (the end of the key's hold, or
+// at: the turns inside a hold are taken again after it).
+type lowering struct {
+	at, from time.Time
+	factor   float64
+}
+
+// add records a decrease decided at at that spreads the turns after from
+// by factor, forgetting the oldest. A factor of 1 or less (or not a
+// number) is no decrease.
+func (ls *lowerings) add(at, from time.Time, factor float64) {
+	if !(factor > 1) || math.IsInf(factor, 0) {
+		return
+	}
+	copy(ls[:], ls[1:])
+	ls[len(ls)-1] = lowering{at: at, from: maxTime(at, from), factor: factor}
+}
+
+// due returns when a turn given at given, due at due, is due once the
+// decreases decided since are applied: each spreads what was still to come
+// after its from by its factor. (The turns given after a decrease already
+// queue behind the spread ones: x/time/rate counts the tokens they owe,
+// and the fleet's script moves its bucket's tat.)
+func (ls *lowerings) due(given, due time.Time) time.Time {
+	for _, l := range ls {
+		if l.at.After(given) && due.After(l.from) {
+			due = l.from.Add(time.Duration(float64(due.Sub(l.from)) * l.factor))
+		}
+	}
+	return due
+}
+
+// last returns when the latest decrease was decided, zero for none.
+func (ls *lowerings) last() time.Time { return ls[len(ls)-1].at }

@@ -223,7 +223,10 @@ type shared struct {
 	mu     sync.Mutex
 	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
 	pauses map[string]pauseMark // guarded by mu; pauses heard of, by key id
-	learnt keyed[*learntRate]   // guarded by mu; the rates keys were last seen held to, by key id
+	// lowered are the decreases of a key's rate heard of, by key id: the
+	// turns given before one are spread at the new rate (see lowerings).
+	lowered map[string]*lowerings // guarded by mu
+	learnt  keyed[*learntRate]    // guarded by mu; the rates keys were last seen held to, by key id
 
 	stop chan struct{}
 	done chan struct{}
@@ -279,6 +282,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		learnt:          newKeyed[*learntRate](),
 		lanes:           newKeyed[*batchLane](),
 		pauses:          make(map[string]pauseMark),
+		lowered:         make(map[string]*lowerings),
 		stop:            make(chan struct{}),
 		done:            make(chan struct{}),
 	}
@@ -328,6 +332,9 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		reservedAt := s.clock.Now()
 		b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
 		rep := s.reserve(ctx, id, cost, b, reservedAt)
+		// (A decrease heard after the reply came was decided after the
+		// turn was given: the script answers in order.)
+		given := s.clock.Now()
 		switch {
 		case rep.err != nil && ctx.Err() != nil:
 			return 0, ctx.Err()
@@ -341,6 +348,14 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		}
 		if err := sleep(ctx, s.clock, rep.wait); err != nil {
 			return 0, err
+		}
+		// The key's rate was lowered after the turn was given: it goes at
+		// the new rate, as the script moved the turns given after it.
+		due := reservedAt.Add(rep.wait)
+		for lag := s.lag(id, given, due); lag > 0; lag = s.lag(id, given, due) {
+			if err := sleep(ctx, s.clock, lag); err != nil {
+				return 0, err
+			}
 		}
 		if !s.pausedSince(id, reservedAt) {
 			return s.clock.Now().Sub(start), nil
@@ -366,6 +381,38 @@ func (s *shared) pausedSince(id string, since time.Time) bool {
 	p, ok := s.pauses[id]
 	s.mu.Unlock()
 	return ok && p.heard.After(since) && p.until.After(s.clock.Now())
+}
+
+// lag returns how much longer a turn of key id given at given, due at due,
+// waits once the decreases heard since are applied.
+func (s *shared) lag(id string, given, due time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ls, ok := s.lowered[id]; ok {
+		due = ls.due(given, due)
+	}
+	return due.Sub(s.clock.Now())
+}
+
+// lowerHeard records a decrease of key id's rate by factor, heard at now,
+// that spreads the turns after from.
+// A key whose last decrease is older than a minute is forgotten: a turn
+// waits that long only for a caller that allows it, and then it goes at
+// the old spacing, which the script's bucket kept.
+func (s *shared) lowerHeard(id string, factor float64, now, from time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, ls := range s.lowered {
+		if now.Sub(ls.last()) > time.Minute {
+			delete(s.lowered, k)
+		}
+	}
+	ls, ok := s.lowered[id]
+	if !ok {
+		ls = &lowerings{}
+		s.lowered[id] = ls
+	}
+	ls.add(now, from, factor)
 }
 
 // heard records a pause of key id until until, heard at now.
@@ -517,9 +564,21 @@ func (s *shared) beat() {
 	}
 }
 
-// hear records a pause announced on the channel: "<key id> <us left>".
+// hear records a pause announced on the channel, "<key id> <us left>", or
+// a decrease of the key's rate, "<key id> x<old over new> <us until the
+// turns after it are spread>" (the end of the key's hold).
 func (s *shared) hear(payload string) {
 	id, left, ok := strings.Cut(payload, " ")
+	if f, isLower := strings.CutPrefix(left, "x"); ok && isLower {
+		f, from, _ := strings.Cut(f, " ")
+		factor, err1 := strconv.ParseFloat(f, 64)
+		us, err2 := strconv.ParseInt(from, 10, 64)
+		if err1 == nil && err2 == nil && us >= 0 && us <= micros(48*time.Hour) {
+			now := s.clock.Now()
+			s.lowerHeard(id, factor, now, now.Add(time.Duration(us)*time.Microsecond))
+		}
+		return
+	}
 	us, err := strconv.ParseInt(left, 10, 64)
 	if !ok || err != nil || us <= 0 {
 		return

@@ -46,47 +46,13 @@ type TokenBucket struct {
 // last, under mu (reading the clock under mu would do too, but costs more
 // under contention).
 type tokenBucket struct {
-	mu     sync.Mutex
-	last   time.Time // guarded by mu; the latest time given to lim
-	lim    *rate.Limiter
-	ctl    *ctlState    // guarded by mu; nil while the key has learnt nothing
-	learn  *learnConfig // the limiter's
-	resume time.Time    // guarded by mu; the end of a hold, at which the bucket holds one token
-	// lowered are the key's last rate decreases, oldest first: the turns
-	// reserved before one, at the old rate, are spread at the new one (see
-	// lag). Guarded by mu.
-	lowered [4]lowering
-}
-
-// lowering is a decrease of a key's rate: at at, by factor (old over new).
-type lowering struct {
-	at     time.Time
-	factor float64
-}
-
-// lower records a decrease at at from old to new units per second. The
-// caller holds bk.mu.
-func (bk *tokenBucket) lower(at time.Time, old, new float64) {
-	if !(new > 0 && old > new) {
-		return
-	}
-	copy(bk.lowered[:], bk.lowered[1:])
-	bk.lowered[len(bk.lowered)-1] = lowering{at: at, factor: old / new}
-}
-
-// due returns when a turn reserved at reserved for due is due once the
-// decreases since are applied: each spreads what was still to come after
-// it by its factor, so that the turns reserved at the old rate go at the
-// new one. (x/time/rate keeps a reservation's time; the tokens it owes
-// are what the bucket counts, so the turns reserved after a decrease
-// already queue behind the spread ones.) The caller holds bk.mu.
-func (bk *tokenBucket) due(reserved, due time.Time) time.Time {
-	for _, l := range bk.lowered {
-		if l.at.After(reserved) && due.After(l.at) {
-			due = l.at.Add(time.Duration(float64(due.Sub(l.at)) * l.factor))
-		}
-	}
-	return due
+	mu      sync.Mutex
+	last    time.Time // guarded by mu; the latest time given to lim
+	lim     *rate.Limiter
+	ctl     *ctlState    // guarded by mu; nil while the key has learnt nothing
+	learn   *learnConfig // the limiter's
+	resume  time.Time    // guarded by mu; the end of a hold, at which the bucket holds one token
+	lowered lowerings    // guarded by mu; the key's last decreases, which spread the turns reserved before them
 }
 
 func (b *tokenBucket) atRest(now time.Time) bool {
@@ -201,11 +167,11 @@ type grant struct {
 }
 
 // lag returns how much longer g's request waits for its turn, spread by
-// the decreases of the key's rate since it was reserved (see due).
+// the decreases of the key's rate since it was reserved (see lowerings).
 func (tb *TokenBucket) lag(g grant) time.Duration {
 	g.bk.mu.Lock()
 	defer g.bk.mu.Unlock()
-	return g.bk.due(g.at, g.at.Add(g.delay)).Sub(tb.clock.Now())
+	return g.bk.lowered.due(g.at, g.at.Add(g.delay)).Sub(tb.clock.Now())
 }
 
 // cancel gives a grant's tokens back. A bucket with a pending reservation
@@ -434,7 +400,9 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	if d.New != d.Old {
 		now := bk.inOrder(tb.clock.Now())
 		bk.lim.SetLimitAt(now, rate.Limit(d.New.PerSecond()))
-		bk.lower(now, d.Old.PerSecond(), d.New.PerSecond())
+		// (From the end of the key's hold: the turns inside it are taken
+		// again after it.)
+		bk.lowered.add(now, bk.ctl.hold, d.Old.PerSecond()/d.New.PerSecond())
 	}
 	return d
 }

@@ -64,16 +64,16 @@ func TestTokenBucketDecreaseSpreadsReservedTurns(t *testing.T) {
 
 		unit := time.Duration(float64(time.Second) / lowered)
 		assert.Equal(t, time.Duration(0), done[0], "the first took the bucket's token")
-		// Turn i was due at i × 10 ms; from the decrease at 5 ms on, the
-		// rest of its wait is spread by 100/lowered.
-		spread := func(i int) time.Duration {
-			return 5*time.Millisecond + time.Duration(float64(time.Duration(i)*10*time.Millisecond-5*time.Millisecond)*100/lowered)
-		}
-		// (The throttle holds the key for one unit, until 5 ms + 10 ms: a
-		// turn that falls within the hold is taken again after it.)
+		// Turn i was due at i × 10 ms. The throttle holds the key for one
+		// unit, until 5 ms + 10 ms: a turn that falls within the hold is
+		// taken again after it; from the hold's end on, the rest of a
+		// turn's wait is spread by 100/lowered.
 		holdEnd := 15 * time.Millisecond
+		spread := func(i int) time.Duration {
+			return holdEnd + time.Duration(float64(time.Duration(i)*10*time.Millisecond-holdEnd)*100/lowered)
+		}
 		for i := 1; i < before; i++ {
-			if spread(i) < holdEnd {
+			if time.Duration(i)*10*time.Millisecond < holdEnd {
 				assert.GreaterOrEqual(t, done[i], holdEnd, "turn %d, within the hold", i)
 				continue
 			}

@@ -23,7 +23,9 @@
 -- ARGV[16] the usable burst; 0 for a pacer
 -- ARGV[17] how long a "remaining 0" holds a key of unknown shape, in us
 -- ARGV[18] the channel on which to tell every instance of a hold
--- ARGV[19] the key's id, sent on the channel as "<id> <hold left in us>"
+-- ARGV[19] the key's id, sent on the channel as "<id> <hold left in us>",
+--          or as "<id> x<old rate over new> <us until the spread starts>"
+--          when the rate is lowered
 -- ARGV[20] what the quota's reset means, as the provider's dialect says:
 --          0 unknown, 1 a window, 2 a bucket (the shape's own values)
 -- ARGV[21] 1 when throttles without counts turned out not to be about the
@@ -186,6 +188,25 @@ end
 redis.call('HSET', KEYS[1], 'shape', shape)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, discover, c, floor)
+if burst > 0 and new > 0 and new < old then
+  -- A decrease spreads the turns given before it at the new rate: the
+  -- bucket's last turn moves out by old/new from now (the turns given
+  -- after queue behind it), and every instance is told on the channel,
+  -- "<id> x<old/new> <us until it starts>", so that its waiters take their turns as spread
+  -- (controller.go's lowerings). A pacer's turns are members of its
+  -- queue: it keeps them.
+  -- (From the end of the key's hold, when it has one: the turns inside
+  -- it are taken again after it.)
+  local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+  local from = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') or 0)
+  local last = tat - burst * 1000000 / old
+  if last > from then
+    local moved = from + (last - from) * old / new + burst * 1000000 / new
+    redis.call('SET', KEYS[3], string.format('%.3f', moved), 'PX', math.ceil((moved - now) / 1000) + 1)
+    redis.call('PUBLISH', ARGV[18], ARGV[19] .. ' x' .. string.format('%.17g', old / new) .. ' ' ..
+      string.format('%.0f', from - now))
+  end
+end
 local stormy = 0
 if storm > now then stormy = 1 end
 return {string.format('%.17g', old), string.format('%.17g', new), held, shape, stormy}
