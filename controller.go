@@ -408,9 +408,10 @@ func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
 // decrease lowers the key's rate after a throttle at rate w: to just under
 // the limit the key's recent outcomes show (the share of its requests the
 // provider accepted, times the rate they were sent at), or by beta when
-// there are too few of them (by nearBeta near a limit found before); and
-// the climb back aims at that limit (CUBIC's fast convergence when it is
-// below the last aim, RFC 8312 §4.6).
+// there are too few of them (by nearBeta near a limit found before, the
+// climb back then aiming at nearAim of w); and the climb back aims at that
+// limit (CUBIC's fast convergence when it is below the last aim, RFC 8312
+// §4.6).
 func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 	wmax, w0 := w, cfg.beta*w
 	if est, ok := st.meter.estimate(now, w); ok && est < w {
@@ -421,9 +422,12 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 			wmax = w * (1 + cfg.beta) / 2
 		}
 		if st.shape == shapeBucket && st.wmax > 0 && w > nearLow*st.wmax && w < nearLimit*st.wmax {
-			// Near a limit found before: gently.
+			// Near a limit found before: gently, and aiming just under the
+			// rate refused, which is above the limit. (Aimed at w, the
+			// climb is back above the limit as soon as it levels off, and
+			// probes it by a refusal every few seconds.)
 			w0 = max(w0, nearBeta*w)
-			wmax = max(wmax, w0)
+			wmax = max(nearAim*w, w0)
 		}
 	}
 	st.wmax, st.w0 = wmax, max(w0, cfg.floor)
@@ -434,13 +438,16 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // Near a limit found before (between nearLow and nearLimit times the last
 // aim: the rate climbed back to it), from a provider whose counts show a
 // bucket (a refusal then holds the key for one unit only), a decrease
-// without an estimate is by nearBeta, not beta. Where a refusal holds the
-// key for its Retry-After, a deep decrease and a long climb back cost less
-// than many shallow ones.
+// without an estimate is by nearBeta, not beta, and the climb back aims at
+// nearAim times the rate refused: it levels off for seconds just under it,
+// so that the limit is probed by a refusal about every five seconds (at
+// the default C). Where a refusal holds the key for its Retry-After, a deep
+// decrease and a long climb back cost less than many shallow ones.
 const (
 	nearLow   = 0.9
 	nearLimit = 1.25
 	nearBeta  = 0.9
+	nearAim   = 0.97
 )
 
 // estimateMargin is how far under its estimate of the limit discovery sets

@@ -261,6 +261,23 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
+			name: "near a bucket's limit found before: a throttle lowers by 0.9, and the climb back levels off just under the rate refused",
+			steps: []sig{
+				withQuota(ok(0, 0), 0, s),
+				withQuota(ok(150*ms, 120*ms), 0, s), // a bucket
+				throttle(200*ms, 190*ms, 0),         // at 100/s: by beta, aiming at 100 (K = 3.9 s)
+				throttle(4200*ms, 4190*ms, 0),       // back at 100/s: near the limit found before
+				ok(6630*ms, 6620*ms),                // K = 2.43 s later: levelled off at 97, not 100
+			},
+			wants: []want{
+				{hold: probeHold},
+				{shape: shapeBucket, drain: true},
+				{shape: shapeBucket, rate: 70, why: "throttled"},
+				{shape: shapeBucket, rate: 90, why: "throttled"},
+				{shape: shapeBucket, rate: 97},
+			},
+		},
+		{
 			name: "a dialect that says its reset is a window's end: held until the reset at once",
 			steps: []sig{
 				func() sig { x := withQuota(ok(0, 0), 0, 40*time.Minute); x.kind = ResetKindWindow; return x }(),

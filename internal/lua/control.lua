@@ -171,10 +171,11 @@ if exhausted then
       wmax, w0 = est, est * 0.92
     else
       if prev and old < prev then wmax = old * (1 + beta) / 2 end
-      -- near a limit found before, gently
+      -- near a limit found before, gently, aiming just under the rate
+      -- refused (nearBeta, nearAim)
       if shape == 2 and prev and old > 0.9 * prev and old < 1.25 * prev then
         w0 = math.max(w0, 0.9 * old)
-        wmax = math.max(wmax, w0)
+        wmax = math.max(0.97 * old, w0)
       end
     end
     -- Turns reserved before the decrease go out at the old rate: the
