@@ -92,3 +92,41 @@ func TestSharedHearsDecreases(t *testing.T) {
 	assert.InDelta(t, 1500*time.Millisecond, s.lag("j", given, due), float64(50*time.Millisecond), "spread by 2 from the hold's end, 0.5 s on")
 	assert.InDelta(t, time.Second, s.lag("i", given, due), float64(50*time.Millisecond), "another key")
 }
+
+// TestSharedFleetEstimate: the fleet's refusals, counted in Redis, with the
+// turns it was granted, estimate the limit when no instance has seen
+// enough refusals for an estimate of its own: a throttle after 4 of the
+// last second's 40 turns were refused lowers the rate to just under 36/40
+// of it, not by beta.
+func TestSharedFleetEstimate(t *testing.T) {
+	srv := redistest.Start(t)
+	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+	a := newSharedTB(t, srv.Client(t), "estimate", PerSecond(100), 1, opts...)
+	b := newSharedTB(t, srv.Client(t), "estimate", PerSecond(100), 1, opts...)
+	ctx := context.Background()
+	const key = "api.example.com"
+	for range 40 { // 0.4 s of turns at 100/s
+		_, err := b.Wait(ctx, key, 1, 0)
+		require.NoError(t, err)
+	}
+	// Four refusals, each heard by another instance. The first lowers by
+	// beta (no estimate yet); the next three were sent before that
+	// decrease: they lower nothing, but they count.
+	now := time.Now()
+	d := a.Learn(ctx, key, Signal{Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-time.Millisecond)})
+	require.Equal(t, "throttled", d.Why)
+	assert.InDelta(t, 70, d.New.PerSecond(), 0.5, "the first: by beta")
+	for range 3 {
+		now := time.Now()
+		d := b.Learn(ctx, key, Signal{Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-100 * time.Millisecond)})
+		assert.Equal(t, d.Old, d.New, "sent before the decrease: the same episode")
+	}
+	time.Sleep(100 * time.Millisecond) // a request sent after the decrease, not among the first after its hold (a storm's sign)
+	now = time.Now()
+	d = b.Learn(ctx, key, Signal{Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-time.Millisecond)})
+	require.Equal(t, "throttled", d.Why)
+	old := d.Old.PerSecond()
+	t.Logf("%v → %v", d.Old, d.New)
+	// 5 of the 40 turns refused (the last one counts too): 35/40 of the rate, less 8%.
+	assert.InDelta(t, old*35/40*0.92, d.New.PerSecond(), 1.5, "the fleet's estimate: 35/40 of %.1f/s, less the margin", old)
+}

@@ -117,7 +117,36 @@ if adv > 0 then
   end
 end
 
+-- The fleet's refusals, by the time their request was sent, in four slots
+-- of a quarter second ("f0" .. "f3": "<slot>:<count>"): with the ring of
+-- grants, the share of the fleet's requests the provider accepted (the
+-- meter of controller.go, fleet-wide).
+local meterSlot = 250000
+local function refusedLastSecond(key)
+  local n, last = 0, math.floor(now / meterSlot)
+  for _, v in ipairs(redis.call('HMGET', key, 'f0', 'f1', 'f2', 'f3')) do
+    if v then
+      local slot, count = string.match(v, '^(%d+):(%d+)$')
+      slot = tonumber(slot)
+      if slot and slot > last - 4 and slot <= last then n = n + tonumber(count) end
+    end
+  end
+  return n
+end
 local held = 0
+if exhausted and throttled then
+  local at = now
+  if sent >= 0 then at = sent end
+  local slot = math.floor(at / meterSlot)
+  local f = 'f' .. (slot % 4)
+  local v = redis.call('HGET', KEYS[1], f)
+  local count = 0
+  if v then
+    local s, c = string.match(v, '^(%d+):(%d+)$')
+    if tonumber(s) == slot then count = tonumber(c) end
+  end
+  redis.call('HSET', KEYS[1], f, string.format('%.0f:%d', slot, count + 1))
+end
 if exhausted then
   local rateUnit = 1000000 / old
   local untilus
@@ -167,6 +196,19 @@ if exhausted then
   -- no advertised limit is believed (a throttle at one lowers nothing).
   if throttled and discover > 0 and not (advu and now < advu) and (not dec or sent > dec) then
     local wmax, w0 = old, beta * old
+    -- The fleet's estimate of the limit: the share of the units granted
+    -- turns in the last second that were not refused, times the rate
+    -- (an instance sees a share of the outcomes: too few, alone, for an
+    -- estimate of its own). The lower of the two counts.
+    -- (Since the ring began, when that is less than a second ago.)
+    local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
+    local g = nil
+    if hist then g = granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) end
+    local r = refusedLastSecond(KEYS[1])
+    if g and g >= 10 and r >= 3 and r < g then
+      local fleet = old * (g - r) / g
+      if est <= 0 or fleet < est then est = fleet end
+    end
     if est > 0 and est < old then
       wmax, w0 = est, est * 0.92
     else

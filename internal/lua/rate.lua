@@ -8,6 +8,8 @@
 --   dec         when the last decrease was decided (us)
 --   shape       what the key's reset means: 0 unknown, 1 window, 2 bucket
 --   zat, zun    when a "remaining 0" was last seen, and its reset (us)
+--   f0 .. f3    the fleet's refusals in the last second, by quarter
+--               second (see control.lua)
 -- The rate is min(configured, advertised, the CUBIC climb since the last
 -- decrease, never below floor): a function of the state and the time, so
 -- successes need no write. The climb's constant c is relative to wmax.
