@@ -285,7 +285,17 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 // window. Otherwise a window is known only from its dialect (Quota.Kind);
 // until then the key is held as holdUntil says of an unknown shape. A
 // shape learnt is kept.
+//
+// Without a zero, a quota whose provider accepted more than twice its
+// limit in the last second refills continuously: a window admits at most
+// its limit, twice across its end, unless it is shorter than a second —
+// and then it is as good as a bucket.
 func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
+	if st.shape == shapeUnknown && hasQ && q.HasLimit && q.Limit >= 1 && st.meter.acceptedLastSecond(s.Now) > 2*q.Limit {
+		st.shape, st.ambiguous = shapeBucket, 0
+		st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
+		return
+	}
 	if st.shape != shapeUnknown || st.zeroAt.IsZero() || !s.SentAt.After(st.zeroAt) || !s.SentAt.Before(st.zeroUntil) {
 		return
 	}
@@ -480,6 +490,19 @@ func (m *meter) add(sent time.Time, refused, accepted bool) {
 	} else {
 		m.accepted[i]++
 	}
+}
+
+// acceptedLastSecond returns how many of the requests sent in the last
+// second were accepted.
+func (m *meter) acceptedLastSecond(now time.Time) float64 {
+	n := now.UnixNano() / int64(meterSlot)
+	var acc int32
+	for i, s := range m.slot {
+		if s > n-int64(len(m.slot)) && s <= n {
+			acc += m.accepted[i]
+		}
+	}
+	return float64(acc)
 }
 
 // refusedShare returns the share of the last second's outcomes that were

@@ -277,6 +277,23 @@ func ctlTables() []ctlTable {
 				{shape: shapeBucket, rate: 97},
 			},
 		},
+		func() ctlTable {
+			// 21 acceptances within a second of a quota of 10 (reset 1 s):
+			// no window of 10 admits that many, even across its end.
+			tb := ctlTable{name: "more than twice the limit accepted within a second: a bucket, without a zero"}
+			for i := range 22 {
+				at := time.Duration(i) * 10 * ms
+				x := withQuota(ok(at+2*ms, at), 5, s)
+				x.quota = 10
+				tb.steps = append(tb.steps, x)
+				w := want{}
+				if i == 21 {
+					w.shape, w.drain = shapeBucket, true // a bucket's count: the limiter keeps no more
+				}
+				tb.wants = append(tb.wants, w)
+			}
+			return tb
+		}(),
 		{
 			name: "a dialect that says its reset is a window's end: held until the reset at once",
 			steps: []sig{

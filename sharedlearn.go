@@ -156,6 +156,15 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
 		s.learnt.put(id, l)
 	}
+	// More than twice the limit accepted in the last second, by this
+	// instance alone: a bucket (see ctlState.learnShape). The script is
+	// told as a dialect would tell it.
+	seenBucket := l.shape == shapeUnknown && hasQ && q.Kind == ResetKindUnknown && q.HasLimit && q.Limit >= 1 &&
+		l.meter.acceptedLastSecond(sig.Now) > 2*q.Limit
+	if seenBucket {
+		q.Kind = ResetKindBucket
+		l.shape = shapeBucket
+	}
 	l.meter.add(sig.SentAt, ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
 	// A hold heard from the fleet counts as this instance's own: the first
 	// requests after it tell a storm apart as well.
@@ -187,6 +196,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 			(accepted && l.shape == shapeUnknown && q.Kind == ResetKindUnknown &&
 				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
 	}
+	call = call || seenBucket
 	if call {
 		l.report = nil // this call carries the latest
 	} else if rep != nil {

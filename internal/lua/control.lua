@@ -117,22 +117,6 @@ if adv > 0 then
   end
 end
 
--- The fleet's refusals, by the time their request was sent, in four slots
--- of a quarter second ("f0" .. "f3": "<slot>:<count>"): with the ring of
--- grants, the share of the fleet's requests the provider accepted (the
--- meter of controller.go, fleet-wide).
-local meterSlot = 250000
-local function refusedLastSecond(key)
-  local n, last = 0, math.floor(now / meterSlot)
-  for _, v in ipairs(redis.call('HMGET', key, 'f0', 'f1', 'f2', 'f3')) do
-    if v then
-      local slot, count = string.match(v, '^(%d+):(%d+)$')
-      slot = tonumber(slot)
-      if slot and slot > last - 4 and slot <= last then n = n + tonumber(count) end
-    end
-  end
-  return n
-end
 local held = 0
 if exhausted and throttled then
   local at = now
@@ -204,7 +188,7 @@ if exhausted then
     local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
     local g = nil
     if hist then g = granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) end
-    local r = refusedLastSecond(KEYS[1])
+    local r = refusedLastSecond(KEYS[1], now)
     if g and g >= 10 and r >= 3 and r < g then
       local fleet = old * (g - r) / g
       if est <= 0 or fleet < est then est = fleet end

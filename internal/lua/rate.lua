@@ -97,6 +97,22 @@ local function granted(key, from, upto, now, hist)
   return n
 end
 
+-- The fleet's refusals, by the time their request was sent, in four slots
+-- of a quarter second ("f0" .. "f3": "<slot>:<count>"): with the ring of
+-- grants, the share of the fleet's requests the provider accepted (the
+-- meter of controller.go, fleet-wide).
+local meterSlot = 250000
+local function refusedLastSecond(key, now)
+  local n, last = 0, math.floor(now / meterSlot)
+  for _, v in ipairs(redis.call('HMGET', key, 'f0', 'f1', 'f2', 'f3')) do
+    if v then
+      local slot, count = string.match(v, '^(%d+):(%d+)$')
+      slot = tonumber(slot)
+      if slot and slot > last - 4 and slot <= last then n = n + tonumber(count) end
+    end
+  end
+  return n
+end
 -- report sets key's budget from a report at now: remaining rem (the
 -- provider's count, as of the reported request), the reset in us, unit in
 -- us (the reset over the limit; 0 for none), sent the reported request's
@@ -109,6 +125,18 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   if kind > 0 then
     redis.call('HSET', key, 'shape', kind)
     st[1] = kind
+  end
+  if (tonumber(st[1]) or 0) == 0 and unit > 0 and tonumber(st[2]) then
+    -- More than twice the limit (the reset over the unit) accepted by the
+    -- fleet in the last second (since the ring began, when later): no
+    -- window admits that many, even across its end, unless it is shorter
+    -- than a second, and then it is as good as a bucket.
+    local hist = tonumber(st[2])
+    local g = granted(key, math.max(now - 1000000, hist), now, now, hist)
+    if g and g - refusedLastSecond(key, now) > 2 * reset / unit then
+      redis.call('HSET', key, 'shape', 2)
+      st[1] = 2
+    end
   end
   if tonumber(st[1]) == 2 then
     redis.call('HDEL', key, 'bud', 'budu', 'budn')
