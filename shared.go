@@ -350,9 +350,15 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 			return 0, err
 		}
 		// The key's rate was lowered after the turn was given: it goes at
-		// the new rate, as the script moved the turns given after it.
+		// the new rate, as the script moved the turns given after it, if
+		// the caller can wait that long (the turn is lost: the fleet sends
+		// less, never more).
 		due := reservedAt.Add(rep.wait)
 		for lag := s.lag(id, given, due); lag > 0; lag = s.lag(id, given, due) {
+			now := s.clock.Now()
+			if e := waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, lag); e != nil {
+				return 0, e
+			}
 			if err := sleep(ctx, s.clock, lag); err != nil {
 				return 0, err
 			}

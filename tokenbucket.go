@@ -139,8 +139,12 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 		}
 		waited += g.delay
 		// The key's rate was lowered after the turn was reserved: it goes
-		// at the new rate.
+		// at the new rate, if the caller can wait that long.
 		for lag := tb.lag(g); lag > 0; lag = tb.lag(g) {
+			if e := waitBudget(ctx, remaining(maxWait, waited)).refuse(tb.clock.Now(), key, cost, lag); e != nil {
+				tb.cancel(g)
+				return 0, e
+			}
 			if err := sleep(ctx, tb.clock, lag); err != nil {
 				tb.cancel(g)
 				return 0, err

@@ -86,3 +86,37 @@ func TestTokenBucketDecreaseSpreadsReservedTurns(t *testing.T) {
 		}
 	})
 }
+
+// TestTokenBucketSpreadTurnKeepsMaxWait: a waiter whose turn, spread by a
+// decrease, would come after its max wait is refused with ReasonMaxWait
+// when the spread is known, and its tokens are given back; one whose
+// spread turn fits goes.
+func TestTokenBucketSpreadTurnKeepsMaxWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tb, err := NewTokenBucket(PerSecond(100), 1, WithTransitMargin(0))
+		require.NoError(t, err)
+		ctx := context.Background()
+		_, err = tb.Wait(ctx, "k", 1, 0) // the bucket's token
+		require.NoError(t, err)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i, maxWait := range []time.Duration{100 * time.Millisecond, 25 * time.Millisecond} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = tb.Wait(ctx, "k", 1, maxWait)
+			}()
+			synctest.Wait() // due at 10 ms, then 20 ms
+		}
+		time.Sleep(time.Millisecond)
+		now := time.Now()
+		d := tb.Learn(ctx, "k", Signal{Status: http.StatusTooManyRequests, SentAt: now, Now: now, RetryAfter: 0, HasRetryAfter: true})
+		require.Equal(t, "throttled", d.Why)
+		require.InDelta(t, 70, d.New.PerSecond(), 0.5)
+		wg.Wait()
+		assert.NoError(t, errs[0], "10 ms spread to 14 ms from 1 ms: within 100 ms")
+		var le *LimitError
+		require.ErrorAs(t, errs[1], &le, "20 ms spread to 28 ms from 1 ms: past 25 ms")
+		assert.Equal(t, ReasonMaxWait, le.Reason)
+	})
+}
