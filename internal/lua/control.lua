@@ -217,13 +217,13 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, discover, c, floor)
 if burst > 0 and new > 0 and new < old then
   -- A decrease spreads the turns given before it at the new rate: the
-  -- bucket's last turn moves out by old/new from now (the turns given
-  -- after queue behind it), and every instance is told on the channel,
-  -- "<id> x<old/new> <us until it starts>", so that its waiters take their turns as spread
-  -- (controller.go's lowerings). A pacer's turns are members of its
-  -- queue: it keeps them.
-  -- (From the end of the key's hold, when it has one: the turns inside
-  -- it are taken again after it.)
+  -- bucket's last turn moves out by old/new from the end of the key's
+  -- hold, or from now without one (the turns inside a hold are taken
+  -- again after it; the turns given after the decrease queue behind the
+  -- last one), and every instance is told on the channel, "<id>
+  -- x<old/new> <us until the spread starts>", so that its waiters take
+  -- their turns as spread (controller.go's lowerings). A pacer's turns
+  -- are members of its queue: it keeps them.
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   local from = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') or 0)
   local last = tat - burst * 1000000 / old
