@@ -283,15 +283,11 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 // the reset over the limit (the slowest a bucket that reports them
 // refills; a reset rounded up makes it slower still): then it is a
 // window. Otherwise a window is known only from its dialect (Quota.Kind);
-// until then the key is held as holdUntil says of an unknown shape. A
-// shape learnt is kept.
-//
-// Without a zero, a quota whose provider accepted more than twice its
-// limit in the last second refills continuously: a window admits at most
-// its limit, twice across its end, unless it is shorter than a second —
-// and then it is as good as a bucket.
+// until then the key is held as holdUntil says of an unknown shape. Without
+// a zero, a quota the key's meter shows outpaced (meter.outpaced) is a
+// bucket too. A shape learnt is kept.
 func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
-	if st.shape == shapeUnknown && hasQ && q.HasLimit && q.Limit >= 1 && st.meter.acceptedLastSecond(s.Now) > 2*q.Limit {
+	if st.shape == shapeUnknown && hasQ && st.meter.outpaced(s.Now, q) {
 		st.shape, st.ambiguous = shapeBucket, 0
 		st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
 		return
@@ -492,29 +488,31 @@ func (m *meter) add(sent time.Time, refused, accepted bool) {
 	}
 }
 
-// acceptedLastSecond returns how many of the requests sent in the last
-// second were accepted.
-func (m *meter) acceptedLastSecond(now time.Time) float64 {
+// lastSecond returns the outcomes of the requests sent in the last
+// second: accepted and refused.
+func (m *meter) lastSecond(now time.Time) (acc, ref int32) {
 	n := now.UnixNano() / int64(meterSlot)
-	var acc int32
-	for i, s := range m.slot {
-		if s > n-int64(len(m.slot)) && s <= n {
-			acc += m.accepted[i]
-		}
-	}
-	return float64(acc)
-}
-
-// refusedShare returns the share of the last second's outcomes that were
-// refusals, and how many outcomes there were.
-func (m *meter) refusedShare(now time.Time) (float64, int) {
-	n := now.UnixNano() / int64(meterSlot)
-	var acc, ref int32
 	for i, s := range m.slot {
 		if s > n-int64(len(m.slot)) && s <= n {
 			acc, ref = acc+m.accepted[i], ref+m.refused[i]
 		}
 	}
+	return acc, ref
+}
+
+// outpaced reports whether the provider accepted more than twice q's
+// limit of the requests sent in the last second: then q refills
+// continuously. A window admits at most its limit, twice across its end,
+// unless it is shorter than a second — and then it is as good as a bucket.
+func (m *meter) outpaced(now time.Time, q Quota) bool {
+	acc, _ := m.lastSecond(now)
+	return q.HasLimit && q.Limit >= 1 && float64(acc) > 2*q.Limit
+}
+
+// refusedShare returns the share of the last second's outcomes that were
+// refusals, and how many outcomes there were.
+func (m *meter) refusedShare(now time.Time) (float64, int) {
+	acc, ref := m.lastSecond(now)
 	if acc+ref == 0 {
 		return 0, 0
 	}
@@ -593,13 +591,7 @@ const (
 // estimate returns the limit the outcomes of the last second show: the
 // share accepted times the rate w they were sent at.
 func (m *meter) estimate(now time.Time, w float64) (float64, bool) {
-	n := now.UnixNano() / int64(meterSlot)
-	var acc, ref int32
-	for i, s := range m.slot {
-		if s > n-int64(len(m.slot)) && s <= n {
-			acc, ref = acc+m.accepted[i], ref+m.refused[i]
-		}
-	}
+	acc, ref := m.lastSecond(now)
 	// Until the provider has refused several, the share it accepted is
 	// inflated by the burst it held when the key started sending: the
 	// first refusal comes exactly when that burst runs out.

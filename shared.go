@@ -332,9 +332,6 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		reservedAt := s.clock.Now()
 		b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
 		rep := s.reserve(ctx, id, cost, b, reservedAt)
-		// (A decrease heard after the reply came was decided after the
-		// turn was given: the script answers in order.)
-		given := s.clock.Now()
 		switch {
 		case rep.err != nil && ctx.Err() != nil:
 			return 0, ctx.Err()
@@ -346,21 +343,25 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		case rep.code == 2:
 			return 0, &LimitError{Key: key, Cost: cost, Reason: ReasonQueueFull, Wait: rep.wait}
 		}
+		// (A decrease heard after the reply came was decided after the
+		// turn was given: the script answers in order.)
+		given := s.clock.Now()
 		if err := sleep(ctx, s.clock, rep.wait); err != nil {
 			return 0, err
 		}
 		// The key's rate was lowered after the turn was given: it goes at
 		// the new rate, as the script moved the turns given after it, if
 		// the caller can wait that long (the turn is lost: the fleet sends
-		// less, never more).
-		due := reservedAt.Add(rep.wait)
-		for lag := s.lag(id, given, due); lag > 0; lag = s.lag(id, given, due) {
-			now := s.clock.Now()
-			if e := waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, lag); e != nil {
-				return 0, e
-			}
-			if err := sleep(ctx, s.clock, lag); err != nil {
-				return 0, err
+		// less, never more). A turn given for now is not moved.
+		if due := reservedAt.Add(rep.wait); rep.wait > 0 {
+			for lag := s.lag(id, given, due); lag > 0; lag = s.lag(id, given, due) {
+				now := s.clock.Now()
+				if e := waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, lag); e != nil {
+					return 0, e
+				}
+				if err := sleep(ctx, s.clock, lag); err != nil {
+					return 0, err
+				}
 			}
 		}
 		if !s.pausedSince(id, reservedAt) {

@@ -157,10 +157,9 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		s.learnt.put(id, l)
 	}
 	// More than twice the limit accepted in the last second, by this
-	// instance alone: a bucket (see ctlState.learnShape). The script is
-	// told as a dialect would tell it.
-	seenBucket := l.shape == shapeUnknown && hasQ && q.Kind == ResetKindUnknown && q.HasLimit && q.Limit >= 1 &&
-		l.meter.acceptedLastSecond(sig.Now) > 2*q.Limit
+	// instance alone: a bucket (see meter.outpaced). The script is told as
+	// a dialect would tell it.
+	seenBucket := l.shape == shapeUnknown && hasQ && q.Kind == ResetKindUnknown && l.meter.outpaced(sig.Now, q)
 	if seenBucket {
 		q.Kind = ResetKindBucket
 		l.shape = shapeBucket

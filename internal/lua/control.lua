@@ -119,17 +119,7 @@ end
 
 local held = 0
 if exhausted and throttled then
-  local at = now
-  if sent >= 0 then at = sent end
-  local slot = math.floor(at / meterSlot)
-  local f = 'f' .. (slot % 4)
-  local v = redis.call('HGET', KEYS[1], f)
-  local count = 0
-  if v then
-    local s, c = string.match(v, '^(%d+):(%d+)$')
-    if tonumber(s) == slot then count = tonumber(c) end
-  end
-  redis.call('HSET', KEYS[1], f, string.format('%.0f:%d', slot, count + 1))
+  if sent >= 0 then refused(KEYS[1], sent) else refused(KEYS[1], now) end
 end
 if exhausted then
   local rateUnit = 1000000 / old

@@ -64,17 +64,24 @@ end
 -- the ring).
 local ringSlot, ringSize = 10000, 256
 
--- grant records cost units granted a turn at at (us) in key's ring.
-local function grant(key, at, cost)
-  local slot = math.floor(at / ringSlot)
-  local f = 'g' .. (slot % ringSize)
+-- tally adds n at at (us) to a ring of size slots of width us each, kept
+-- in key's hash as fields prefix .. i: "<slot>:<count>" (a field holding
+-- an older slot starts again from 0).
+local function tally(key, prefix, width, size, at, n)
+  local slot = math.floor(at / width)
+  local f = prefix .. (slot % size)
   local v = redis.call('HGET', key, f)
-  local units = 0
+  local count = 0
   if v then
     local s, u = string.match(v, '^(%d+):([%d.]+)$')
-    if tonumber(s) == slot then units = tonumber(u) end
+    if tonumber(s) == slot then count = tonumber(u) end
   end
-  redis.call('HSET', key, f, string.format('%.0f:%.17g', slot, units + cost))
+  redis.call('HSET', key, f, string.format('%.0f:%.17g', slot, count + n))
+end
+
+-- grant records cost units granted a turn at at (us) in key's ring.
+local function grant(key, at, cost)
+  tally(key, 'g', ringSlot, ringSize, at, cost)
 end
 
 -- granted returns the units granted a turn at or after from (us), up to
@@ -98,15 +105,18 @@ local function granted(key, from, upto, now, hist)
 end
 
 -- The fleet's refusals, by the time their request was sent, in four slots
--- of a quarter second ("f0" .. "f3": "<slot>:<count>"): with the ring of
--- grants, the share of the fleet's requests the provider accepted (the
--- meter of controller.go, fleet-wide).
+-- of a quarter second ("f0" .. "f3", see tally): with the ring of grants,
+-- the share of the fleet's requests the provider accepted (the meter of
+-- controller.go, fleet-wide).
 local meterSlot = 250000
+local function refused(key, sent)
+  tally(key, 'f', meterSlot, 4, sent, 1)
+end
 local function refusedLastSecond(key, now)
   local n, last = 0, math.floor(now / meterSlot)
   for _, v in ipairs(redis.call('HMGET', key, 'f0', 'f1', 'f2', 'f3')) do
     if v then
-      local slot, count = string.match(v, '^(%d+):(%d+)$')
+      local slot, count = string.match(v, '^(%d+):([%d.]+)$')
       slot = tonumber(slot)
       if slot and slot > last - 4 and slot <= last then n = n + tonumber(count) end
     end
