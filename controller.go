@@ -113,6 +113,7 @@ type ctlState struct {
 	ambiguous       uint8         // acceptances after a zero in a row that had the whole limit back (see learnShape)
 	meter           meter         // the key's recent outcomes, for the estimate of its limit
 	storm           storm         // whether throttles without counts are about the quota
+	refill          refill        // a bucket's rate, measured from its reports when it states none
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -189,7 +190,11 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	st.storm.count(s)
 
 	if cfg.advertise {
-		if adv := s.advertised(); adv > 0 {
+		adv := s.advertised()
+		if measured := st.refill.observe(q, st.shape == shapeBucket); adv == 0 && hasQ {
+			adv = measured // a bucket that states no rate: its reports measure it
+		}
+		if adv > 0 {
 			st.advertised, st.advertisedUntil = adv, now.Add(advertisedTTL)
 			if adv < old {
 				// Throttles to requests sent before this lowering belong

@@ -28,6 +28,7 @@ type learntRate struct {
 	meter      meter
 	storm      storm
 	report     *budgetReport // the latest count for the key's budget not yet sent to Redis
+	refill     refill        // a bucket's rate, measured from its reports when it states none
 }
 
 // budgetReport is a response's count that sets a key's budget (see
@@ -179,6 +180,11 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	l.storm.count(&sig)
 	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
 		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
+	}
+	if s.learn.advertise {
+		if measured := l.refill.observe(q, l.shape == shapeBucket); adv == 0 && hasQ {
+			adv = measured // a bucket that states no rate: its reports measure it (see refill)
+		}
 	}
 	est, hasEst := l.meter.estimate(now, l.rate)
 	rep := s.budgetReportOf(&sig, q, hasQ, l.shape)

@@ -1,0 +1,94 @@
+package egress
+
+import "time"
+
+// refill measures how fast a provider's bucket refills, for the dialects
+// that state a bucket's capacity and the time until it is full again but
+// no rate: OpenAI, Azure OpenAI and Groq (x-ratelimit-*-requests), and
+// Anthropic (anthropic-ratelimit-requests-*). OpenAI documents the reset as
+// "the time until the rate limit resets to its initial state", Anthropic as
+// "the time when the rate limit will be fully replenished". A bucket of
+// capacity L that holds r whole units (the requests it would admit now:
+// the bucket holds r to r+1) and is full again in t refills at
+//
+//	(L−r−1)/t < rate ≤ (L−r)/t
+//
+// and t is known to its resolution e: 1 ms when it was read in
+// milliseconds, 1 s when in seconds or as a date. A report whose t is less
+// than 20 e bounds nothing closely and is passed over. The others bound the
+// rate so, and their bounds are intersected: the lower bound only rises,
+// the upper only falls. Once they are within 30% of each other the upper
+// bound is the key's limit, as if the provider had advertised it. The
+// upper bound, not the lower: a bucket used below its rate stays full, and
+// a full bucket that gives one unit reports L−1 units and 1/rate to full,
+// which bounds the rate closely from above and not at all from below; a
+// limit at the lower bound would stay there. The limit is above the rate by
+// at most the error of the report that bounds it best: e/t, plus up to a
+// unit's refill while the reports have all been of a bucket part way
+// through refilling a unit. It rises by 2% or more and falls by 0.5% or
+// more (a limit that moved with every response would be a new rate every
+// time). A report outside
+// the bounds (the provider changed its rate, or counts otherwise) starts
+// them again from that report; the limit moves once they are within 30%
+// again, or at once to a lower upper bound.
+//
+// A bucket that refills in less than 20 times its reset's resolution
+// (Azure's or Anthropic's whole seconds on a bucket full again within a
+// second or a few) is passed over: its rate is left to discovery.
+type refill struct {
+	lo, hi float64 // bounds on the rate, units per second; hi 0: none yet
+	rate   float64 // the rate last given as the key's limit; 0: none
+}
+
+// refillFine is how many times its resolution a reset must be to bound the
+// rate; refillSlack is how far apart the bounds may be for the upper one to
+// be the limit; refillStep and refillFall are how much the limit must rise
+// or fall to be changed (the upper bound falls in ever smaller steps).
+const (
+	refillFine  = 20
+	refillSlack = 1.30
+	refillStep  = 0.02
+	refillFall  = 0.005
+)
+
+// observe takes the key's requests quota q of a response (bucket: its reset
+// is known to be a bucket's, by its dialect or as learnt) and returns the
+// measured limit in units per second, 0 when there is none.
+func (f *refill) observe(q Quota, bucket bool) float64 {
+	if !bucket || q.HasWindow || !q.HasLimit || !q.HasRemaining || !q.HasReset ||
+		q.Limit < 1 || q.Remaining >= q.Limit || q.Reset <= 0 {
+		return f.rate
+	}
+	e := resetResolution(q.Reset)
+	if q.Reset < refillFine*e {
+		return f.rate // the resolution is too coarse for this reset to bound the rate closely
+	}
+	t := q.Reset.Seconds()
+	lo := max(q.Limit-q.Remaining-1, 0) / (t + e.Seconds())
+	hi := (q.Limit - q.Remaining) / (t - e.Seconds())
+	if f.hi == 0 || lo > f.hi || hi < f.lo {
+		f.lo, f.hi = lo, hi
+	} else {
+		f.lo, f.hi = max(f.lo, lo), min(f.hi, hi)
+	}
+	switch {
+	case f.hi <= f.lo*refillSlack:
+		if f.rate == 0 || f.hi < f.rate*(1-refillFall) || f.hi > f.rate*(1+refillStep) {
+			f.rate = f.hi
+		}
+	case f.hi < f.rate:
+		f.rate = f.hi // started again, lower: at most the new upper bound
+	}
+	return f.rate
+}
+
+// resetResolution is the resolution a reset was read to: 1 ms for a
+// reset in milliseconds (a Go duration, retry-after-ms, "1.5s"), 1 s for
+// whole seconds and for a date (whose skew between the provider's clock and
+// ours is not known better).
+func resetResolution(d time.Duration) time.Duration {
+	if d%time.Millisecond == 0 && d%time.Second != 0 {
+		return time.Millisecond
+	}
+	return time.Second
+}
