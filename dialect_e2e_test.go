@@ -31,12 +31,12 @@ import (
 // Some dialects cannot meet that, and say why in their case (measured
 // bounds, with room for a loaded machine):
 //   - a bucket that states no refill rate and whose reports cannot measure
-//     it (Shopify states its used/capacity, without a reset; the older
-//     IETF draft a capacity without a window and its reset in whole
-//     seconds, as Azure OpenAI does and Anthropic's dates are, on a bucket
-//     full again within a quarter second): the rate is found by discovery,
-//     and discovery learns from refusals. OpenAI's reset in milliseconds
-//     measures it (see refill);
+//     it (Shopify states its used/capacity, without a time to full; the
+//     older IETF draft a capacity without a window and its time to full
+//     in whole seconds, as Azure OpenAI does and Anthropic's dates are, on
+//     a bucket full again within a quarter second): the rate is found by
+//     discovery, and discovery learns from refusals. OpenAI's time to full
+//     in milliseconds measures it (see refill);
 //   - a count without a reset (Salesforce's daily api-usage, HubSpot's
 //     secondly count): nothing says when the quota comes back, so the
 //     count cannot hold the key (and Salesforce states no window either:
@@ -61,7 +61,7 @@ type e2eCase struct {
 }
 
 const (
-	e2eDiscovery = "a bucket that states no refill rate: its rate is found by discovery, which learns from refusals"
+	e2eDiscovery = "a bucket that states neither its refill rate nor its time to full: its rate is found by discovery, which learns from refusals (the rate could be counted from the used/capacity of successive responses, but only by a client alone on the key: a fleet, or pods with limiters of their own, would each count its own share)"
 	e2eNoReset   = "a count without a reset: nothing says when the quota comes back, so it cannot hold the key"
 	e2eCoarse    = "a bucket full again within a quarter second, whose time to full is in whole seconds or a date: too coarse to measure its rate (see refill), which is found by discovery, and discovery learns from refusals"
 )
@@ -72,7 +72,7 @@ func e2eCases() []e2eCase {
 	return []e2eCase{
 		{dialect: fakeapi.IETF, limit: bucket, perSec: 20},
 		{dialect: fakeapi.IETFDraft, limit: bucket, perSec: 20, after8: 20, after20: 30, use20: 0.25,
-			why: e2eDiscovery + "; and with 100 ms of latency its whole-second Retry-After holds the key a second after each refusal, while a 5-unit bucket full again looks like a window that reset (its reset is whole seconds too), so its shape is learnt late"},
+			why: e2eCoarse + "; and with 100 ms of latency its whole-second Retry-After holds the key a second after each refusal, while a 5-unit bucket full again looks like a window that reset (its reset is whole seconds too), so its shape is learnt late"},
 		{dialect: fakeapi.GitHub, limit: window, perSec: 20},
 		{dialect: fakeapi.Okta, limit: window, perSec: 20},
 		{dialect: fakeapi.OpenAI, limit: bucket, perSec: 20},
