@@ -1,6 +1,9 @@
 package egress
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // refill measures how fast a provider's bucket refills, for the dialects
 // that state a bucket's capacity and the time until it is full again but
@@ -66,6 +69,9 @@ func (f *refill) observe(q Quota, bucket bool) float64 {
 	t := q.Reset.Seconds()
 	lo := max(q.Limit-q.Remaining-1, 0) / (t + e.Seconds())
 	hi := (q.Limit - q.Remaining) / (t - e.Seconds())
+	if math.IsInf(hi, 0) || math.IsNaN(hi) {
+		return f.rate // a hostile count: a limit too large to bound anything
+	}
 	if f.hi == 0 || lo > f.hi || hi < f.lo {
 		f.lo, f.hi = lo, hi
 	} else {

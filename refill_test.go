@@ -67,6 +67,7 @@ func TestRefillSteps(t *testing.T) {
 			{q(5, 0, 19*time.Millisecond), true, 0},
 			{q(5, 0, time.Second), true, 0},
 			{q(60, 0, 19*time.Second), true, 0},
+			{q(math.MaxFloat64, 0, 20*time.Millisecond), true, 0},
 		},
 	}, {
 		// Anthropic's per-minute bucket, 50 requests a minute (0.833/s),
@@ -142,5 +143,21 @@ func TestRefillConverges(t *testing.T) {
 			assert.True(t, reached >= 0 && reached <= horizon, "within 5%% of the rate by %v: from %v", horizon, reached)
 			assert.InDelta(t, tc.rate, limit, tc.rate*0.05, "at the end")
 		})
+	}
+}
+
+// TestRefillHostile: any counts a reader lets through (finite, >= 0) give a
+// finite limit >= 0, whatever their order.
+func TestRefillHostile(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	values := []float64{0, 1, 2, 5, 1e9, 1e300, math.MaxFloat64, 0.5}
+	var f refill
+	for range 10000 {
+		q := Quota{Limit: values[rng.IntN(len(values))], HasLimit: true, Remaining: values[rng.IntN(len(values))], HasRemaining: true,
+			Reset: time.Duration(rng.Int64N(int64(time.Minute))), HasReset: true, Kind: ResetKindBucket}
+		r := f.observe(q, true)
+		if math.IsInf(r, 0) || math.IsNaN(r) || r < 0 {
+			t.Fatalf("limit %v after %+v", r, q)
+		}
 	}
 }
