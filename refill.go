@@ -30,10 +30,9 @@ import (
 // unit's refill while the reports have all been of a bucket part way
 // through refilling a unit. It rises by 2% or more and falls by 0.5% or
 // more (a limit that moved with every response would be a new rate every
-// time). A report outside
-// the bounds (the provider changed its rate, or counts otherwise) starts
-// them again from that report; the limit moves once they are within 30%
-// again, or at once to a lower upper bound.
+// time). A report outside the bounds (the provider changed its rate, or
+// counts otherwise) starts them again from that report; the limit moves
+// once they are within 30% again, or at once to a lower upper bound.
 //
 // A bucket that refills in less than 20 times its reset's resolution
 // (Azure's or Anthropic's whole seconds on a bucket full again within a
@@ -89,9 +88,9 @@ func (f *refill) observe(q Quota, bucket bool) float64 {
 }
 
 // resetResolution is the resolution a reset was read to: 1 ms for a
-// reset in milliseconds (a Go duration, retry-after-ms, "1.5s"), 1 s for
-// whole seconds and for a date (whose skew between the provider's clock and
-// ours is not known better).
+// reset in milliseconds (OpenAI's "12ms", "1.5s"), 1 s for whole seconds
+// and for a date (the skew between the provider's clock and ours is not
+// known better).
 func resetResolution(d time.Duration) time.Duration {
 	if d%time.Millisecond == 0 && d%time.Second != 0 {
 		return time.Millisecond
