@@ -75,14 +75,16 @@ func e2eCases() []e2eCase {
 			why: e2eCoarse + "; and with 100 ms of latency its whole-second Retry-After holds the key a second after each refusal, while a 5-unit bucket full again looks like a window that reset (its reset is whole seconds too), so its shape is learnt late"},
 		{dialect: fakeapi.GitHub, limit: window, perSec: 20},
 		{dialect: fakeapi.Okta, limit: window, perSec: 20},
-		{dialect: fakeapi.OpenAI, limit: bucket, perSec: 20},
+		{dialect: fakeapi.OpenAI, limit: bucket, perSec: 20, after20: 6,
+			why: "with 100 ms of latency, the requests sent between the first answer and the reports that measure the bucket's rate (about 100 ms later: the first burst's reports are of a bucket part way through a unit) take 0 to 4 refusals (measured over 15 runs, the fleet's too); after them none"},
 		{dialect: fakeapi.AzureOpenAI, limit: bucket, perSec: 20, after8: 15, after20: 35, why: e2eCoarse},
 		{dialect: fakeapi.Anthropic, limit: bucket, perSec: 20, after8: 15, after20: 35, why: e2eCoarse},
 		{dialect: fakeapi.Reddit, limit: window, perSec: 20},
 		{dialect: fakeapi.Discord, limit: window, perSec: 20},
 		{dialect: fakeapi.Shopify, limit: fakeapi.Bucket(20, 40), perSec: 20, after8: 15, after20: 60, why: e2eDiscovery},
 		{dialect: fakeapi.Jira, limit: window, perSec: 20, after8: 3, after20: 4, use8: 0.45, use20: 0.45,
-			why: "its reset is in whole minutes, so its shape is not learnt (a unit's refill is 3 s): each time the budget is spent, the probe sent 100 ms later is refused if the 1-second window has not ended (0 to 3 in a run), and holds the key for the Retry-After (1 s)"},
+			why:      "its reset is in whole minutes, so its shape is not learnt (a unit's refill is 3 s): each time the budget is spent, the probe sent 100 ms later is refused if the 1-second window has not ended (0 to 3 in a run), and holds the key for the Retry-After (1 s)",
+			notFleet: "its reset in whole minutes, as in its case: across a fleet the same probes leave whole windows unused (3 refusals and 9 of 20 accepted in a second, measured once), below the fleet test's bar of 60%"},
 		{dialect: fakeapi.Salesforce, limit: window, perSec: 20, after8: 30, after20: 70, why: e2eNoReset + ", and it states no window: its rate is found by discovery"},
 		{dialect: fakeapi.HubSpot, limit: window, perSec: 20, after8: 6, after20: 25,
 			why: e2eNoReset + "; the advertised rate paces it, after the burst the local bucket held when the rate was learnt"},
@@ -112,8 +114,13 @@ func TestRealTimeDialectsInFlight(t *testing.T) {
 	}
 }
 
+// e2eFleetAfter: TestRealTimeDialectsFleet runs the cases that allow at
+// most this many refusals after the first answer with 20 workers.
+const e2eFleetAfter = 6
+
 // TestRealTimeDialectsFleet: the same across a fleet, for the dialects
-// with a reset (not Zendesk: see its case): four instances sharing a
+// with a reset (not Zendesk: see its case), held to the bound of 20
+// workers with 100 ms of latency (after20): four instances sharing a
 // SharedTokenBucket, five goroutines each, 100 ms of provider latency. The budget lives in Redis;
 // the requests the provider has not counted are the fleet's turns given
 // since the reported request was sent, not only the reporting instance's
@@ -121,12 +128,12 @@ func TestRealTimeDialectsInFlight(t *testing.T) {
 func TestRealTimeDialectsFleet(t *testing.T) {
 	srv := redistest.Start(t)
 	for i, tc := range e2eCases() {
-		if tc.why != "" || tc.notFleet != "" {
+		if tc.notFleet != "" || (tc.why != "" && tc.after20 > e2eFleetAfter) {
 			continue
 		}
 		t.Run(tc.dialect.String(), func(t *testing.T) {
 			name := fmt.Sprintf("e2e%d", i)
-			e2eRun(t, tc, 4, 5, 100*time.Millisecond, 3*time.Second, 2, 0, func(t *testing.T, r Rate, burst int) Limiter {
+			e2eRun(t, tc, 4, 5, 100*time.Millisecond, 3*time.Second, tc.after20, 0, func(t *testing.T, r Rate, burst int) Limiter {
 				return newSharedTB(t, srv.Client(t), name, r, burst, WithCommandTimeout(roomyTimeout))
 			})
 		})
