@@ -194,6 +194,96 @@ func TestSharedBudgetMatchesGo(t *testing.T) {
 	})
 }
 
+// TestSharedBucketReportDrains: a success's count from a provider that
+// refills continuously drains the fleet's bucket to what it leaves, as
+// Decision.drain drains a local one: its remaining, less the turns the
+// fleet was given since the reported request was sent (the ring of
+// grants), owing when they are more.
+func TestSharedBucketReportDrains(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	report := func(remaining float64, sent, now time.Time) Signal {
+		return Signal{Now: now, SentAt: sent, Status: 200, Quotas: []Quota{{
+			Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket,
+		}}}
+	}
+	// atOnce counts the requests l admits without waiting, up to 20, and
+	// returns the wait of the first it does not.
+	atOnce := func(t *testing.T, l *SharedTokenBucket) (int, time.Duration) {
+		for n := 0; n < 20; n++ {
+			_, err := l.Wait(ctx, "k", 1, time.Millisecond)
+			var le *LimitError
+			if errors.As(err, &le) {
+				return n, le.Wait
+			}
+			require.NoError(t, err)
+		}
+		return 20, 0
+	}
+	const tolerance = 8 * time.Millisecond
+	t.Run("2 left: 2 at once, the next a unit later", func(t *testing.T) {
+		l := newSharedTB(t, srv.Client(t), "drain-left", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+		now := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", report(2, now, now)).Err)
+		n, wait := atOnce(t, l)
+		assert.Equal(t, 2, n)
+		assert.InDelta(t, 10*time.Millisecond, wait, float64(tolerance))
+	})
+	t.Run("0 left, with 3 more of the fleet's requests sent after the reported one: owing 3", func(t *testing.T) {
+		l := newSharedTB(t, srv.Client(t), "drain-owed", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+		_, err := l.Wait(ctx, "k", 1, 0) // A, the request reported below
+		require.NoError(t, err)
+		sentA := time.Now()
+		time.Sleep(30 * time.Millisecond)
+		for range 3 { // B, C, D, granted by the fleet after A was sent
+			_, err := l.Wait(ctx, "k", 1, 0)
+			require.NoError(t, err)
+		}
+		now := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", report(0, sentA, now)).Err)
+		n, wait := atOnce(t, l)
+		assert.Equal(t, 0, n)
+		// The provider's next unit, and the 3 it owes B, C and D.
+		assert.InDelta(t, 40*time.Millisecond-time.Since(now), wait, float64(tolerance))
+	})
+}
+
+// TestSharedBucketLevelsOff: climbing back after a decrease, a success
+// that says the provider's bucket has no room left levels the fleet's
+// climb off at the rate it has reached, as the Go controller levels off.
+func TestSharedBucketLevelsOff(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newSharedTB(t, srv.Client(t), "level", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	cfg := l.learn
+	var goSt ctlState
+	learn := func(s Signal) {
+		goSt.learn(&cfg, &s)
+		require.NoError(t, l.Learn(ctx, "k", s).Err)
+	}
+	bucket := Quota{Remaining: 5, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}
+	start := time.Now()
+	// A refusal: 70/s, climbing back to 100 (K = 3.9 s).
+	refusal := bucket
+	refusal.Remaining = 0
+	learn(Signal{Now: start, SentAt: start, Status: 429, RetryAfter: 0, HasRetryAfter: true, Quotas: []Quota{refusal}})
+	time.Sleep(500 * time.Millisecond)
+	// No room left at about 80/s: the climb levels off.
+	now := time.Now()
+	full := bucket
+	full.Remaining = 0
+	learn(Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{full}})
+	_, err := l.Wait(ctx, "k", 1, time.Second) // carries the report
+	require.NoError(t, err)
+	time.Sleep(500 * time.Millisecond)
+	_, err = l.Wait(ctx, "k", 1, time.Second)
+	require.NoError(t, err)
+	now = time.Now()
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
+	assert.Less(t, want, 82.0, "the Go controller levelled off (it would be at 88 climbing)")
+	assert.InDelta(t, want, got, 1.5, "the fleet's rate")
+}
+
 // TestSharedControllerSteps runs the controller's step tables through a
 // SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The

@@ -32,8 +32,9 @@ type learntRate struct {
 }
 
 // budgetReport is a response's count that sets a key's budget (see
-// ctlState.report), waiting to go to Redis with the key's next
-// reservation: no round trip of its own.
+// ctlState.report), or drains the fleet's bucket when the provider
+// refills continuously (Decision.drain), waiting to go to Redis with the
+// key's next reservation: no round trip of its own.
 type budgetReport struct {
 	remaining float64
 	reset     time.Duration // from read
@@ -44,14 +45,16 @@ type budgetReport struct {
 	kind      ResetKind     // what the reset means, as the dialect says
 }
 
-// budgetReportOf returns the report a signal makes for the key's budget,
-// or nil when it makes none: a requests quota with a reset, from a
-// provider not known to refill continuously. The rest of the fleet's
+// budgetReportOf returns the report a signal makes for the key's budget
+// (or its bucket), or nil when it makes none: a requests quota with a
+// reset, and, from a provider known to refill continuously, only on a
+// success (a refusal's hold is the script's). The rest of the fleet's
 // requests in flight are estimated as live instances times this
 // instance's; the script counts them exactly, from the turns it granted,
 // when it can (see report in internal/lua/rate.lua).
 func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *budgetReport {
-	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == ScopeBilling || known == shapeBucket || q.Kind == ResetKindBucket {
+	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == ScopeBilling ||
+		((known == shapeBucket || q.Kind == ResetKindBucket) && sig.throttled()) {
 		return nil
 	}
 	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: sig.Now, sent: sig.SentAt,

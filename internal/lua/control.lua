@@ -39,7 +39,8 @@
 -- ARGV[27] the fleet's requests in flight as estimated without the ring
 --          of grants (see report in rate.lua)
 -- ARGV[28] 1 when the response's count sets the key's budget (a requests
---          quota with a reset), else 0
+--          quota with a reset), or drains its bucket (a success from a
+--          provider that refills continuously), else 0
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape, 1 while a storm is believed
@@ -102,7 +103,17 @@ end
 if ARGV[28] == '1' then
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   redis.call('HSET', KEYS[1], 'shape', shape)
-  report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0)
+  local keep, left = report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0)
+  if keep and accepted then
+    -- A bucket's count on a success: the fleet's bucket holds no more
+    -- than it leaves (as in reserve.lua).
+    local interval = 1000000 / old
+    local drained = keepAtMost(tat, now, keep, math.max(burst, 1), interval)
+    if drained > tat then
+      redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
+    end
+    if left <= 0 then levelOff(KEYS[1], now, old, configured, discover) end
+  end
 elseif shape == 2 then
   redis.call('HDEL', KEYS[1], 'bud', 'budu', 'budn')
 end

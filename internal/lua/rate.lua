@@ -129,7 +129,11 @@ end
 -- send time (us; -1 unknown), inflight the fallback estimate of the
 -- fleet's requests in flight, tat the bucket's, kind what the reset
 -- means as the provider's dialect says (0 when it does not). A bucket has
--- no budget.
+-- no budget: for one, report returns the units its count leaves the fleet
+-- once every turn given is spent (its remaining less the fleet's requests
+-- it has not counted yet, and the turns still to come; below 0 when they
+-- are more; see keepAtMost) and what it leaves now (less the requests
+-- sent, not the turns to come; see levelOff), else nil.
 local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   local st = redis.call('HMGET', key, 'shape', 'hist')
   if kind > 0 then
@@ -148,24 +152,54 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
       st[1] = 2
     end
   end
-  if tonumber(st[1]) == 2 then
-    redis.call('HDEL', key, 'bud', 'budu', 'budn')
-    return
-  end
+  local bucket = tonumber(st[1]) == 2
+  if bucket then redis.call('HDEL', key, 'bud', 'budu', 'budn') end
   local hist = tonumber(st[2])
-  local owed = nil
-  if sent >= 0 then
-    -- (from two slots early, so that the reported request's own turn is
-    -- surely among them, and the turns of requests sent a little after
-    -- their turn too: one unit less)
-    -- (the turns given up to the reset: those after it spend the next
-    -- window's quota)
-    owed = granted(key, sent - 2 * ringSlot, math.min(tat, now + reset), now, hist)
-    if owed then owed = math.max(owed - 1, 0) end
+  -- owed counts the fleet's turns given after the reported request was
+  -- sent, up to upto: from two slots early, so that the reported
+  -- request's own turn is surely among them, and the turns of requests
+  -- sent a little after their turn too (one unit less); when the ring
+  -- does not reach back that far, the estimate of the requests in flight.
+  local function owed(upto, early)
+    local n = nil
+    if sent >= 0 then n = granted(key, sent - early * ringSlot, upto, now, hist) end
+    if n then return math.max(n - 1, 0) end
+    return inflight
   end
-  if not owed then owed = inflight end
-  redis.call('HSET', key, 'bud', string.format('%.17g', rem - owed), 'budu', string.format('%.0f', now + reset),
+  if bucket then
+    -- every turn given, as the fleet's own bucket counts them; and those
+    -- come already
+    return rem - owed(tat, 2), rem - owed(now, 0)
+  end
+  -- (a window's: the turns given up to the reset, those after it spend
+  -- the next window's quota)
+  redis.call('HSET', key, 'bud', string.format('%.17g', rem - owed(math.min(tat, now + reset), 2)), 'budu', string.format('%.0f', now + reset),
     'budn', string.format('%.0f', unit))
+end
+
+-- keepAtMost returns the tat of a fleet's bucket (tolerance b units at
+-- interval us a unit) that holds at most keep units at now, from tat: the
+-- provider's bucket holds that many once the turns the fleet was given
+-- are spent (controller.go's Decision.drain), and the fleet's keeps no
+-- more (owing, below 0). It never adds any.
+local function keepAtMost(tat, now, keep, b, interval)
+  return math.max(tat, now + (b - keep) * interval)
+end
+
+-- levelOff: a bucket that has no room left, while key's rate climbs back
+-- after a decrease, shows the limit is about the rate now: the climb
+-- levels off there, and resumes once the provider shows room again
+-- (controller.go's learn, on a drain). rate is the key's, configured and
+-- discover the limiter's. (Just under the rate, each false sign of no
+-- room — a burst the provider's smaller bucket could not hold — would
+-- ratchet the rate down.)
+local function levelOff(key, now, rate, configured, discover)
+  if discover == 0 or rate >= configured then return end
+  local climb = tonumber(redis.call('HGET', key, 'climb') or '')
+  if climb and now > climb then
+    local r = string.format('%.17g', rate)
+    redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
+  end
 end
 
 -- spend takes cost units of key's budget for a turn at at (us), at now:

@@ -18,8 +18,9 @@
 --          -1 for none
 -- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
 --          (units per second)
--- ARGV[7]  a report to apply first (see report in rate.lua): the
---          provider's remaining; -1 for none
+-- ARGV[7]  a report to apply first (see report in rate.lua; a bucket's
+--          drains the fleet's, see keepAtMost): the provider's remaining;
+--          -1 for none
 -- ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]  its reset (us), its
 --          reset over its limit (us; 0 for none), how long ago its request
 --          was sent (us; -1 when unknown), the fleet's requests in flight as
@@ -60,17 +61,25 @@ if depth >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%.3f', now))
   queued = waiting(start)
 end
+local changed = false
 local reported = tonumber(ARGV[7]) >= 0
 if reported then
   local sent = -1
   if tonumber(ARGV[10]) >= 0 then sent = now - tonumber(ARGV[10]) end
-  report(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), sent, tonumber(ARGV[11]), tat,
-    tonumber(ARGV[12]))
+  local keep, left = report(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), sent,
+    tonumber(ARGV[11]), tat, tonumber(ARGV[12]))
+  if keep then
+    -- A bucket's count: the fleet's bucket holds no more than it leaves.
+    local drained = keepAtMost(tat, now, keep, math.max(burst, 1), interval)
+    if drained > tat then tat, changed = drained, true end
+    if left <= 0 then
+      levelOff(KEYS[3], now, rate, tonumber(ARGV[1]), tonumber(ARGV[4]))
+    end
+  end
 end
 local recorded = false
 local probe = tonumber(ARGV[13])
 local out = {0, string.format('%.17g', rate)}
-local changed = false
 for i = 16, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
