@@ -177,8 +177,13 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
     return rem - owed(tat, 0), rem - owed(now, 0)
   end
   -- (a window's: the turns given up to the reset, those after it spend
-  -- the next window's quota)
-  local left = rem - owed(math.min(tat, now + reset), 2)
+  -- the next window's quota; a shape not known yet: the turns given up to
+  -- now, the requests in flight, as the Go controller counts them —
+  -- counting the waiters' turns to come as well holds a bucket provider's
+  -- fleet again and again before its shape is learnt)
+  local upto = math.min(tat, now + reset)
+  if (tonumber(st[1]) or 0) == 0 then upto = math.min(upto, now) end
+  local left = rem - owed(upto, 2)
   redis.call('HSET', key, 'bud', string.format('%.17g', left), 'budu', string.format('%.0f', now + reset),
     'budn', string.format('%.0f', unit))
 end
@@ -211,7 +216,7 @@ end
 -- spend takes cost units of key's budget for a turn at at (us), at now:
 -- it returns 0 when they were there (or there is no budget, or it has
 -- expired), else the time (us) the key is held until: the budget's reset
--- for a window (shape 1); for a shape not known yet, a brief hold (probe
+-- for a window (shape 1); for a shape not known yet, a brief hold from now (probe
 -- us, or until the reset if sooner), after which the budget is forgotten
 -- until the next report, as after a "remaining 0". (The Go controller
 -- lets one request go after the hold and holds the key again until its
@@ -232,7 +237,10 @@ local function spend(key, at, cost, probe, now)
   end
   if shape == 1 then return budu end
   redis.call('HDEL', key, 'bud', 'budu')
-  return math.min(budu, at + probe)
+  -- (from now, as the Go controller holds: from the turn, each report
+  -- heard during a hold, of requests sent before it, armed a budget that
+  -- its next grant found spent, and moved the hold's end a probe further)
+  return math.min(budu, now + probe)
 end
 
 if redis.replicate_commands then redis.replicate_commands() end
