@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,6 +247,54 @@ func TestSharedBucketReportDrains(t *testing.T) {
 		// The provider's next unit, and the 3 it owes B, C and D.
 		assert.InDelta(t, 40*time.Millisecond-time.Since(now), wait, float64(tolerance))
 	})
+}
+
+// TestSharedBudgetHoldsFromNow: while a key of a shape not known yet is
+// held after a "remaining 0", the answers heard to requests sent before
+// the hold (remaining a few) neither move its end nor hold the waiters
+// behind it: the fleet's budget counts the requests in flight, not the
+// turns given to waiters, and a spent one holds a probe from now, as the
+// Go controller does. (Counting the waiters' turns, each such report
+// found the budget spent and held the key a probe past the last turn:
+// the last of the waiters below went twice as late.)
+func TestSharedBudgetHoldsFromNow(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newSharedTB(t, srv.Client(t), "budget-now", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	report := func(remaining float64, sent, now time.Time) Signal {
+		return Signal{Now: now, SentAt: sent, Status: 200, Quotas: []Quota{{
+			Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Limit: 10, HasLimit: true,
+		}}}
+	}
+	_, err := l.Wait(ctx, "k", 1, 0) // the ring of grants begins
+	require.NoError(t, err)
+	time.Sleep(30 * time.Millisecond)
+	start := time.Now()
+	d := l.Learn(ctx, "k", report(0, start.Add(-5*time.Millisecond), start))
+	require.NoError(t, d.Err)
+	require.False(t, d.Hold.IsZero(), "a zero of unknown shape holds the key")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var last time.Duration
+	for i := range 10 {
+		time.Sleep(5 * time.Millisecond)
+		now := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", report(3, start.Add(-time.Duration(i+1)*time.Millisecond), now)).Err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := l.Wait(ctx, "k", 1, 2*time.Second) // carries the report
+			assert.NoError(t, err)
+			mu.Lock()
+			last = max(last, time.Since(start))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	// The hold (100 ms), then ten turns 10 ms apart: 0.2 s (0.4 s when
+	// each report past the third moved the hold a probe further).
+	t.Logf("the last waiter went %v after the hold began", last)
+	assert.Less(t, last, 300*time.Millisecond, "the last waiter's turn")
 }
 
 // TestSharedBucketLevelsOff: climbing back after a decrease, a success

@@ -216,9 +216,9 @@ end
 -- spend takes cost units of key's budget for a turn at at (us), at now:
 -- it returns 0 when they were there (or there is no budget, or it has
 -- expired), else the time (us) the key is held until: the budget's reset
--- for a window (shape 1); for a shape not known yet, a brief hold from now (probe
--- us, or until the reset if sooner), after which the budget is forgotten
--- until the next report, as after a "remaining 0". (The Go controller
+-- for a window (shape 1); for a shape not known yet, a brief hold from
+-- now (probe us, or until the reset if sooner), after which the budget is
+-- forgotten until the next report, as after a "remaining 0". (The Go controller
 -- lets one request go after the hold and holds the key again until its
 -- answer tells the shape; the fleet's turns are given ahead of time, to
 -- waiters that would each be held a probe's time behind the other.)
