@@ -107,6 +107,22 @@ func TestLuaMatchesGo(t *testing.T) {
 	})
 }
 
+// admitted counts the requests of cost 1 l admits on key, one after the
+// other, each waiting at most maxWait, up to most, and returns the wait of
+// the first it refuses (0 when none was).
+func admitted(t *testing.T, l Limiter, key string, maxWait time.Duration, most int) (int, time.Duration) {
+	t.Helper()
+	for n := 0; n < most; n++ {
+		_, err := l.Wait(context.Background(), key, 1, maxWait)
+		var le *LimitError
+		if errors.As(err, &le) {
+			return n, le.Wait
+		}
+		require.NoError(t, err)
+	}
+	return most, 0
+}
+
 // TestSharedBudgetMatchesGo: the budget (requests in flight count against
 // the remaining quota) kept in Redis and spent by the reservation script
 // grants as many requests as the Go controller's, and then holds the key
@@ -135,18 +151,8 @@ func TestSharedBudgetMatchesGo(t *testing.T) {
 		}
 		return n, st.hold.Sub(s.Now)
 	}
-	// sharedGrants counts the requests l admits at once, and the wait of
-	// the first it refuses.
 	sharedGrants := func(t *testing.T, l *SharedTokenBucket, key string) (int, time.Duration) {
-		for n := 0; n < 100; n++ {
-			_, err := l.Wait(ctx, key, 1, 50*time.Millisecond)
-			var le *LimitError
-			if errors.As(err, &le) {
-				return n, le.Wait
-			}
-			require.NoError(t, err)
-		}
-		return 100, 0
+		return admitted(t, l, key, 50*time.Millisecond, 100)
 	}
 	const tolerance = 40 * time.Millisecond
 	for i, tc := range []struct {
@@ -208,18 +214,8 @@ func TestSharedBucketReportDrains(t *testing.T) {
 			Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket,
 		}}}
 	}
-	// atOnce counts the requests l admits without waiting, up to 20, and
-	// returns the wait of the first it does not.
 	atOnce := func(t *testing.T, l *SharedTokenBucket) (int, time.Duration) {
-		for n := 0; n < 20; n++ {
-			_, err := l.Wait(ctx, "k", 1, time.Millisecond)
-			var le *LimitError
-			if errors.As(err, &le) {
-				return n, le.Wait
-			}
-			require.NoError(t, err)
-		}
-		return 20, 0
+		return admitted(t, l, "k", time.Millisecond, 20)
 	}
 	const tolerance = 8 * time.Millisecond
 	t.Run("2 left: 2 at once, the next a unit later", func(t *testing.T) {

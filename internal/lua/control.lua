@@ -107,12 +107,10 @@ if ARGV[28] == '1' then
   if keep and accepted then
     -- A bucket's count on a success: the fleet's bucket holds no more
     -- than it leaves (as in reserve.lua).
-    local interval = 1000000 / old
-    local drained = keepAtMost(tat, now, keep, math.max(burst, 1), interval)
+    local drained = drain(KEYS[1], tat, now, keep, left, math.max(burst, 1), 1000000 / old, old, configured, discover)
     if drained > tat then
       redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
     end
-    if left <= 0 then levelOff(KEYS[1], now, old, configured, discover) end
   end
 elseif shape == 2 then
   redis.call('HDEL', KEYS[1], 'bud', 'budu', 'budn')

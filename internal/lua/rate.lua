@@ -85,23 +85,30 @@ local function grant(key, at, cost)
 end
 
 -- granted returns the units granted a turn at or after from (us), up to
--- upto (us), or nil when the ring does not cover from.
-local function granted(key, from, upto, now, hist)
+-- upto (us), and of those the units up to mid (us; upto when nil), or nil
+-- when the ring does not cover from.
+local function granted(key, from, upto, now, hist, mid)
   local first, last = math.floor(from / ringSlot), math.floor(math.max(now, upto) / ringSlot)
   if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then
     return nil
   end
+  local split = last
+  if mid then split = math.floor(math.max(now, mid) / ringSlot) end
   local fields = {}
   for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
   local vals = redis.call('HMGET', key, unpack(fields))
-  local n = 0
+  local n, m = 0, 0
   for i, v in ipairs(vals) do
     if v then
       local s, u = string.match(v, '^(%d+):([%d.]+)$')
-      if tonumber(s) == first + i - 1 then n = n + tonumber(u) end
+      local slot = first + i - 1
+      if tonumber(s) == slot then
+        n = n + tonumber(u)
+        if slot <= split then m = m + tonumber(u) end
+      end
     end
   end
-  return n
+  return n, m
 end
 
 -- The fleet's refusals, by the time their request was sent, in four slots
@@ -132,8 +139,8 @@ end
 -- no budget: for one, report returns the units its count leaves the fleet
 -- once every turn given is spent (its remaining less the fleet's requests
 -- it has not counted yet, and the turns still to come; below 0 when they
--- are more; see keepAtMost) and what it leaves now (less the requests
--- sent, not the turns to come; see levelOff), else nil.
+-- are more) and what it leaves now (less the requests sent, not the turns
+-- to come), else nil: see drain.
 local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   local st = redis.call('HMGET', key, 'shape', 'hist')
   if kind > 0 then
@@ -156,16 +163,17 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   if bucket then redis.call('HDEL', key, 'bud', 'budu', 'budn') end
   local hist = tonumber(st[2])
   -- owed counts the fleet's turns given after the reported request was
-  -- sent, up to upto: from early slots before the one it was sent in (a
-  -- window's budget: two, so that the reported request's own turn is
-  -- surely among them, and the turns of requests sent a little after
-  -- their turn too), one unit less for its own; when the ring does not
-  -- reach back that far, the estimate of the requests in flight.
-  local function owed(upto, early)
-    local n = nil
-    if sent >= 0 then n = granted(key, sent - early * ringSlot, upto, now, hist) end
-    if n then return math.max(n - 1, 0) end
-    return inflight
+  -- sent, up to upto, and of those up to mid (see granted): from early
+  -- slots before the one it was sent in (a window's budget: two, so that
+  -- the reported request's own turn is surely among them, and the turns
+  -- of requests sent a little after their turn too), one unit less for
+  -- its own; when the ring does not reach back that far, the estimate of
+  -- the requests in flight.
+  local function owed(upto, early, mid)
+    local n, m = nil, nil
+    if sent >= 0 then n, m = granted(key, sent - early * ringSlot, upto, now, hist, mid) end
+    if n then return math.max(n - 1, 0), math.max(m - 1, 0) end
+    return inflight, inflight
   end
   if bucket then
     -- every turn given, as the fleet's own bucket counts them; and those
@@ -174,7 +182,8 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
     -- costs a refusal that holds one unit, not a window's rest (two slots
     -- early held the fleet's bucket a unit or two behind the provider's
     -- at 100/s: 2 points of the storm scenario's successes).
-    return rem - owed(tat, 0), rem - owed(now, 0)
+    local all, come = owed(tat, 0, now)
+    return rem - all, rem - come
   end
   -- (a window's: the turns given up to the reset, those after it spend
   -- the next window's quota; a shape not known yet: the turns given up to
@@ -188,29 +197,26 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
     'budn', string.format('%.0f', unit))
 end
 
--- keepAtMost returns the tat of a fleet's bucket (tolerance b units at
--- interval us a unit) that holds at most keep units at now, from tat: the
--- provider's bucket holds that many once the turns the fleet was given
--- are spent (controller.go's Decision.drain), and the fleet's keeps no
--- more (owing, below 0). It never adds any.
-local function keepAtMost(tat, now, keep, b, interval)
-  return math.max(tat, now + (b - keep) * interval)
-end
-
--- levelOff: a bucket that has no room left, while key's rate climbs back
--- after a decrease, shows the limit is about the rate now: the climb
--- levels off there, and resumes once the provider shows room again
--- (controller.go's learn, on a drain). rate is the key's, configured and
--- discover the limiter's. (Just under the rate, each false sign of no
--- room — a burst the provider's smaller bucket could not hold — would
--- ratchet the rate down.)
-local function levelOff(key, now, rate, configured, discover)
-  if discover == 0 or rate >= configured then return end
-  local climb = tonumber(redis.call('HGET', key, 'climb') or '')
-  if climb and now > climb then
-    local r = string.format('%.17g', rate)
-    redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
+-- drain applies what a bucket provider's count leaves (report's keep and
+-- left) to the fleet's, and returns the fleet's bucket's new tat (b units
+-- of tolerance at interval us a unit; it never adds any): it holds at most
+-- keep units at now, as the provider's does once the turns the fleet was
+-- given are spent (controller.go's Decision.drain; owing, below 0). When
+-- nothing is left now while key's rate climbs back after a decrease, the
+-- limit is about the rate now: the climb levels off there, and resumes
+-- once the provider shows room again (controller.go's learn, on a drain).
+-- rate is the key's, configured and discover the limiter's. (Just under
+-- the rate, each false sign of no room — a burst the provider's smaller
+-- bucket could not hold — would ratchet the rate down.)
+local function drain(key, tat, now, keep, left, b, interval, rate, configured, discover)
+  if left <= 0 and discover > 0 and rate < configured then
+    local climb = tonumber(redis.call('HGET', key, 'climb') or '')
+    if climb and now > climb then
+      local r = string.format('%.17g', rate)
+      redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
+    end
   end
+  return math.max(tat, now + (b - keep) * interval)
 end
 
 -- spend takes cost units of key's budget for a turn at at (us), at now:

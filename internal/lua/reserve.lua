@@ -19,7 +19,7 @@
 -- ARGV[4], ARGV[5], ARGV[6]  discovery: on (1) or off (0), C and floor
 --          (units per second)
 -- ARGV[7]  a report to apply first (see report in rate.lua; a bucket's
---          drains the fleet's, see keepAtMost): the provider's remaining;
+--          drains the fleet's, see drain): the provider's remaining;
 --          -1 for none
 -- ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]  its reset (us), its
 --          reset over its limit (us; 0 for none), how long ago its request
@@ -70,11 +70,9 @@ if reported then
     tonumber(ARGV[11]), tat, tonumber(ARGV[12]))
   if keep then
     -- A bucket's count: the fleet's bucket holds no more than it leaves.
-    local drained = keepAtMost(tat, now, keep, math.max(burst, 1), interval)
+    local drained = drain(KEYS[3], tat, now, keep, left, math.max(burst, 1), interval, rate, tonumber(ARGV[1]),
+      tonumber(ARGV[4]))
     if drained > tat then tat, changed = drained, true end
-    if left <= 0 then
-      levelOff(KEYS[3], now, rate, tonumber(ARGV[1]), tonumber(ARGV[4]))
-    end
   end
 end
 local recorded = false
