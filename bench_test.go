@@ -42,6 +42,12 @@ func BenchmarkRoundTrip(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Requests per second and tokens per minute, kept together; a request
+	// costs only requests (the window on tokens is passed over).
+	lims, err := NewLimits(BucketOf(Requests, PerSecond(benchRate), benchBurst), WindowOf(Tokens, 1<<30, time.Nanosecond))
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, bc := range []struct {
 		name string
 		opts []Option
@@ -49,6 +55,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"base", nil},
 		{"tokenbucket", []Option{WithLimiter(tb)}},
 		{"leakybucket", []Option{WithLimiter(lb)}},
+		{"limits", []Option{WithLimiter(lims)}},
 		{"tokenbucket+retry", []Option{WithLimiter(tb), WithRetry(RetryPolicy{})}},
 		{"tokenbucket+observer", []Option{WithLimiter(tb), WithObserver(Observer{
 			OnWait:   func(string, time.Duration) {},

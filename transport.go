@@ -47,6 +47,8 @@ type Transport struct {
 	inFlight     InFlightLimiter // nil: no cap
 	keyFunc      func(*http.Request) string
 	costFunc     func(*http.Request) int
+	costs        func(*http.Request) Cost // WithCosts; nil: costFunc
+	costLimiter  CostLimiter              // the limiter, with WithCosts
 	maxWait      time.Duration
 	obs          Observer
 	retry        *RetryPolicy // nil: no retries
@@ -76,15 +78,19 @@ type config struct {
 	inFlight InFlightLimiter
 	keyFunc  func(*http.Request) string
 	costFunc func(*http.Request) int
-	maxWait  time.Duration
-	observer Observer
-	retry    *RetryPolicy
-	maxPause time.Duration
-	maxQuota time.Duration
-	signals  signalConfig // how responses are read (dialect.go)
-	shadow   bool
-	near     float64
-	errs     []error
+	costs    func(*http.Request) Cost
+	// costFuncSet says WithCostFunc was given (it and WithCosts exclude
+	// each other).
+	costFuncSet bool
+	maxWait     time.Duration
+	observer    Observer
+	retry       *RetryPolicy
+	maxPause    time.Duration
+	maxQuota    time.Duration
+	signals     signalConfig // how responses are read (dialect.go)
+	shadow      bool
+	near        float64
+	errs        []error
 }
 
 type optionFunc func(*config)
@@ -137,7 +143,7 @@ func WithCostFunc(f func(*http.Request) int) Option {
 		if f == nil {
 			c.errs = append(c.errs, configError("WithCostFunc", "nil", "the cost function must not be nil"))
 		}
-		c.costFunc = f
+		c.costFunc, c.costFuncSet = f, true
 	})
 }
 
@@ -297,6 +303,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	if c.shadow && c.retry != nil {
 		c.errs = append(c.errs, configError("WithShadow", "with WithRetry", "shadow mode reports decisions and does not retry; drop one of the two"))
 	}
+	c.checkCosts()
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err
 	}
@@ -309,6 +316,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		inFlight:     c.inFlight,
 		keyFunc:      c.keyFunc,
 		costFunc:     c.costFunc,
+		costs:        c.costs,
 		maxWait:      c.maxWait,
 		obs:          c.observer,
 		retry:        c.retry,
@@ -320,6 +328,9 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		shadow:       c.shadow,
 		nearLimit:    c.near,
 		near:         newKeyCounts(),
+	}
+	if c.costs != nil {
+		t.costLimiter = c.limiter.(CostLimiter) // checkCosts made sure
 	}
 	if t.retry != nil {
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
@@ -354,9 +365,10 @@ func unitCost(*http.Request) int { return 1 }
 // RoundTrip implements http.RoundTripper: the path of a request in the
 // package doc, attempt after attempt.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	key, cost := t.keyFunc(req), t.costFunc(req)
-	if cost < 0 {
-		return nil, t.reject(req, key, fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", cost, key))
+	key := t.keyFunc(req)
+	cost, err := t.costOf(req, key)
+	if err != nil {
+		return nil, t.reject(req, key, err)
 	}
 	var start time.Time // of the first attempt; read only when retries may follow
 	if t.retry != nil {
@@ -366,7 +378,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	backoff := FullJitter{Rand: t.rand}
 	r := req
 	for attempt := 1; ; attempt++ {
-		release, err := t.enter(r.Context(), key, cost)
+		release, grant, err := t.enter(r.Context(), key, cost)
 		if err != nil {
 			return nil, t.reject(r, key, err)
 		}
@@ -379,6 +391,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
 		sig, dec := t.learn(r, key, resp, sentAt, others)
+		resp = t.settle(grant, resp, err, &sig)
 		delay, next := t.plan(req, key, attempt, resp, err, &sig, dec, start, &backoff)
 		switch next {
 		case stop:
@@ -412,21 +425,22 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 // when the Transport caps them, then for the limiter (and the key's hold).
 // release frees the slot; it is nil when there is none. In shadow mode it
 // reports instead of waiting.
-func (t *Transport) enter(ctx context.Context, key string, cost int) (release func(), err error) {
+func (t *Transport) enter(ctx context.Context, key string, cost Cost) (release func(), g Grant, err error) {
 	if t.shadow {
-		return t.shadowEnter(ctx, key, cost), nil
+		release, g = t.shadowEnter(ctx, key, cost)
+		return release, g, nil
 	}
 	release, waited, err := t.takeSlot(ctx, key)
 	if err != nil {
-		return nil, err
+		return nil, Grant{}, err
 	}
-	if err := t.admit(ctx, key, cost, waited); err != nil {
+	if g, err = t.admit(ctx, key, cost, waited); err != nil {
 		if release != nil {
 			release()
 		}
-		return nil, err
+		return nil, Grant{}, err
 	}
-	return release, nil
+	return release, g, nil
 }
 
 // shadowEnter asks each part that may delay an attempt what it would do,
@@ -435,7 +449,8 @@ func (t *Transport) enter(ctx context.Context, key string, cost int) (release fu
 // would; release frees it. A limiter that can reserve without waiting
 // (TokenBucket) grants the attempt its turn as if it waited; any other is
 // asked whether capacity is there at once, and takes none when it is not.
-func (t *Transport) shadowEnter(ctx context.Context, key string, cost int) (release func()) {
+func (t *Transport) shadowEnter(ctx context.Context, key string, c Cost) (release func(), g Grant) {
+	cost := c.Requests
 	const now = time.Nanosecond // a maximum wait that only capacity there at once meets
 	var wait time.Duration
 	var refused error
@@ -458,8 +473,9 @@ func (t *Transport) shadowEnter(ctx context.Context, key string, cost int) (rele
 			refused = err
 		}
 		wait += d
-	} else if t.limiter != nil && cost > 0 && refused == nil {
-		_, err := t.limiter.Wait(ctx, key, cost, now)
+	} else if t.limiter != nil && c != (Cost{}) && refused == nil {
+		var err error
+		g, _, err = t.wait(ctx, key, c, now)
 		var le *LimitError
 		switch {
 		case errors.As(err, &le) && (le.Reason == ReasonMaxWait || le.Reason == ReasonDeadline):
@@ -476,7 +492,7 @@ func (t *Transport) shadowEnter(ctx context.Context, key string, cost int) (rele
 	if (wait > 0 || refused != nil) && t.obs.OnShadow != nil {
 		t.obs.OnShadow(key, wait, refused)
 	}
-	return release
+	return release, g
 }
 
 // takeSlot takes one of key's in-flight slots, when the Transport caps
@@ -496,25 +512,25 @@ func (t *Transport) takeSlot(ctx context.Context, key string) (release func(), w
 // deadline and what is left of the maximum wait after waited. A limiter
 // that is a Learner holds its keys itself; otherwise the Transport waits
 // out its own hold of the key first.
-func (t *Transport) admit(ctx context.Context, key string, cost int, waited time.Duration) error {
+func (t *Transport) admit(ctx context.Context, key string, cost Cost, waited time.Duration) (g Grant, err error) {
 	for {
 		if t.holds != nil {
 			if d, now := t.holds.remaining(key); d > 0 {
-				if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost, d); e != nil {
-					return e
+				if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost.Requests, d); e != nil {
+					return Grant{}, e
 				}
 				if err := sleep(ctx, t.clock, d); err != nil {
-					return err
+					return Grant{}, err
 				}
 				waited += d
 			}
 		}
-		if t.limiter == nil || cost == 0 {
+		if t.limiter == nil || cost == (Cost{}) {
 			break
 		}
-		w, err := t.limiter.Wait(ctx, key, cost, remaining(t.maxWait, waited))
-		if err != nil {
-			return err
+		var w time.Duration
+		if g, w, err = t.wait(ctx, key, cost, remaining(t.maxWait, waited)); err != nil {
+			return Grant{}, err
 		}
 		waited += w
 		if t.holds == nil {
@@ -523,11 +539,25 @@ func (t *Transport) admit(ctx context.Context, key string, cost int, waited time
 		if d, _ := t.holds.remaining(key); d == 0 {
 			break
 		}
+		if t.costLimiter != nil {
+			t.costLimiter.Settle(g, Cost{}) // held meanwhile: waits again
+		}
 	}
 	if waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
 	}
-	return nil
+	return g, nil
+}
+
+// wait asks the limiter for cost: in dimensions when the Transport counts
+// them (WithCosts), with the grant to settle; else in requests.
+func (t *Transport) wait(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, time.Duration, error) {
+	if t.costLimiter != nil {
+		g, err := t.costLimiter.WaitCost(ctx, key, cost, maxWait)
+		return g, g.Waited, err
+	}
+	w, err := t.limiter.Wait(ctx, key, cost.Requests, maxWait)
+	return Grant{}, w, err
 }
 
 // learn reads what resp says about key's limit and hands it to the key's

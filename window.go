@@ -107,7 +107,18 @@ func (l *WindowLimit) reserve(key string, cost int, b budget) (at, now time.Time
 		l.logs.put(key, g)
 	}
 	g.trim(now)
-	at = now
+	at = g.earliest(now, cost, l.n)
+	if e := b.refuse(now, key, cost, at.Sub(now)); e != nil {
+		return time.Time{}, now, e
+	}
+	g.add(at, cost)
+	return at, now, nil
+}
+
+// earliest returns the first turn, at or after from and after every turn
+// given before, at which the window ending there holds at most n − cost.
+func (g *grantLog) earliest(from time.Time, cost, n int) time.Time {
+	at := from
 	if len(g.at) > g.first {
 		at = maxTime(at, g.at[len(g.at)-1]) // after every turn given before
 	}
@@ -115,23 +126,57 @@ func (l *WindowLimit) reserve(key string, cost int, b budget) (at, now time.Time
 	// window, then the oldest until cost fits, and go when the last one
 	// dropped leaves the window.
 	sum, i := g.sum, g.first
-	for ; i < len(g.at) && !g.at[i].Add(l.w).After(at); i++ {
+	for ; i < len(g.at) && !g.at[i].Add(g.w).After(at); i++ {
 		sum -= int(g.cost[i])
 	}
 	j := i
-	for ; sum+cost > l.n; j++ {
+	for ; sum+cost > n; j++ {
 		sum -= int(g.cost[j])
 	}
 	if j > i {
-		at = g.at[j-1].Add(l.w)
+		at = g.at[j-1].Add(g.w)
 	}
-	if e := b.refuse(now, key, cost, at.Sub(now)); e != nil {
-		return time.Time{}, now, e
-	}
+	return at
+}
+
+// add records a grant of cost at turn at, which must be at or after every
+// turn given before (earliest's).
+func (g *grantLog) add(at time.Time, cost int) {
 	g.at = append(g.at, at)
 	g.cost = append(g.cost, int32(cost))
 	g.sum += cost
-	return at, now, nil
+}
+
+// insert records a grant of cost at turn at, in time order (a cost
+// charged after the fact, at a turn before later ones).
+func (g *grantLog) insert(at time.Time, cost int) {
+	i := len(g.at)
+	for i > g.first && g.at[i-1].After(at) {
+		i--
+	}
+	g.at = append(g.at, time.Time{})
+	g.cost = append(g.cost, 0)
+	copy(g.at[i+1:], g.at[i:])
+	copy(g.cost[i+1:], g.cost[i:])
+	g.at[i], g.cost[i] = at, int32(cost)
+	g.sum += cost
+}
+
+// adjust changes the cost of the grant of cost from at turn at to cost to
+// (a settlement; 0 gives the turn back), and reports whether it was still
+// in the log. The turns after it stay where they are.
+func (g *grantLog) adjust(at time.Time, from, to int) bool {
+	for i := len(g.at) - 1; i >= g.first; i-- {
+		if g.at[i].Equal(at) && int(g.cost[i]) == from {
+			g.sum += to - from
+			g.cost[i] = int32(to) // kept in place, so that the log stays in time order
+			return true
+		}
+		if g.at[i].Before(at) {
+			return false
+		}
+	}
+	return false
 }
 
 // trim drops the grants that left the window by now, and compacts the log
@@ -157,16 +202,7 @@ func (l *WindowLimit) cancel(key string, at time.Time, cost int) {
 	if !ok {
 		return
 	}
-	for i := len(g.at) - 1; i >= g.first; i-- {
-		if g.at[i].Equal(at) && int(g.cost[i]) == cost {
-			g.sum -= cost
-			g.cost[i] = 0 // kept in place, so that the log stays in time order
-			return
-		}
-		if g.at[i].Before(at) {
-			return
-		}
-	}
+	g.adjust(at, cost, 0)
 }
 
 // Used returns the cost units granted to key in the window ending now.

@@ -1,0 +1,320 @@
+package egress
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// CostLimiter is a Limiter that counts a request's cost in several
+// dimensions (requests, tokens) and settles it once the response tells the
+// actual cost. Limits implements it. A Transport made WithCosts asks its
+// limiter for a Cost instead of an int.
+type CostLimiter interface {
+	Limiter
+	// WaitCost is Limiter.Wait for a cost in dimensions: it grants every
+	// dimension's cost at one turn, or none.
+	WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error)
+	// Settle charges or refunds the difference between what g was
+	// granted and actual. It must be quick and safe for concurrent use.
+	Settle(g Grant, actual Cost)
+}
+
+// WithCosts sets the function that estimates a request's cost in each
+// dimension (WithCostFunc is its requests-only form; give one or the
+// other). The limiter must be a CostLimiter, such as Limits.
+//
+// An LLM call's tokens are known only after the response: estimate them
+// from the request (its prompt's size and max_tokens), and the Transport
+// settles each attempt once its response tells: the usage object of an
+// OpenAI, Azure OpenAI, Groq or Anthropic body, read as the body streams
+// by, JSON or server-sent events, at its end. A throttled attempt (429,
+// 503) settles its tokens at 0: the provider ran nothing. An attempt that
+// failed, or whose body the caller closes before its end, keeps its
+// estimate. A nil function is an error.
+func WithCosts(estimate func(*http.Request) Cost) Option {
+	return optionFunc(func(c *config) {
+		if estimate == nil {
+			c.errs = append(c.errs, configError("WithCosts", "nil", "the cost function must not be nil"))
+		}
+		c.costs = estimate
+	})
+}
+
+// checkCosts validates WithCosts against the other options.
+func (c *config) checkCosts() {
+	if c.costs == nil {
+		return
+	}
+	if c.costFuncSet {
+		c.errs = append(c.errs, configError("WithCosts", "with WithCostFunc", "give one cost function: WithCosts for costs in dimensions, WithCostFunc for requests only"))
+	}
+	if _, ok := c.limiter.(CostLimiter); !ok {
+		c.errs = append(c.errs, configError("WithCosts: limiter", fmt.Sprintf("%T", c.limiter), "must count costs in dimensions (a CostLimiter, such as Limits)"))
+	}
+}
+
+// costOf returns the cost of req: in dimensions with WithCosts, else in
+// requests.
+func (t *Transport) costOf(req *http.Request, key string) (Cost, error) {
+	if t.costs == nil {
+		n := t.costFunc(req)
+		if n < 0 {
+			return Cost{}, fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", n, key)
+		}
+		return Cost{Requests: n}, nil
+	}
+	c := t.costs(req)
+	if d, neg := c.negative(); neg {
+		return Cost{}, fmt.Errorf("egress: WithCosts returned %d %s for key %q: a cost must not be negative", c.Of(d), d, key)
+	}
+	return c, nil
+}
+
+// settle settles the attempt granted g once its cost is known: at once for
+// a throttled attempt (no tokens), at the end of the body for one whose
+// body may tell its usage. It returns the response to hand on.
+func (t *Transport) settle(g Grant, resp *http.Response, err error, s *Signal) *http.Response {
+	if g.At.IsZero() || err != nil || resp == nil {
+		return resp
+	}
+	if s.throttled() {
+		t.costLimiter.Settle(g, Cost{Requests: g.Cost.Requests})
+		return resp
+	}
+	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
+		return resp
+	}
+	resp.Body = &usageBody{ReadCloser: resp.Body, grant: g, lim: t.costLimiter}
+	return resp
+}
+
+// usageBody reads the usage objects of a body as the caller reads it, and
+// settles its grant at the body's end. The caller's bytes pass unchanged.
+type usageBody struct {
+	io.ReadCloser
+	grant Grant
+	lim   CostLimiter
+	scan  usageScan
+	done  atomic.Bool
+}
+
+func (b *usageBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && !b.done.Load() {
+		b.scan.feed(p[:n])
+	}
+	if err == io.EOF && b.done.CompareAndSwap(false, true) {
+		if actual, ok := b.scan.actual(b.grant.Cost); ok {
+			b.lim.Settle(b.grant, actual)
+		}
+	}
+	return n, err
+}
+
+// Close closes the body; a body closed before its end keeps its estimate.
+func (b *usageBody) Close() error {
+	b.done.Store(true)
+	return b.ReadCloser.Close()
+}
+
+// usageKey is what starts a usage object in every dialect read.
+const usageKeyLit = `"usage"`
+
+var usageKey = []byte(usageKeyLit)
+
+// maxUsageObject caps the bytes kept of one usage object; a longer one is
+// not read.
+const maxUsageObject = 2048
+
+// usageScan finds the "usage" objects of a JSON or server-sent-events
+// body, whatever the chunks it comes in, and keeps the largest count of
+// each field it saw: a stream repeats its usage (Anthropic's message_start
+// and message_delta; OpenAI's last chunk after "usage": null ones), and
+// its counts only grow.
+type usageScan struct {
+	carry [len(usageKeyLit) - 1]byte // the end of the last chunk, which may hold the start of the key
+	nc    int                        // bytes in carry
+	obj   []byte                     // the usage object being read, from its '{'
+	state uint8                      // scanKey, scanColon, scanObject
+	depth int
+	str   bool // in a string of the object
+	esc   bool // after a backslash in that string
+	u     usage
+	found bool
+}
+
+const (
+	scanKey uint8 = iota
+	scanColon
+	scanObject
+)
+
+// usage is the fields of the providers' usage objects (OpenAI's chat and
+// responses APIs, Anthropic's messages API); a field not sent is nil.
+type usage struct {
+	PromptTokens        *int `json:"prompt_tokens"`
+	CompletionTokens    *int `json:"completion_tokens"`
+	TotalTokens         *int `json:"total_tokens"`
+	InputTokens         *int `json:"input_tokens"`
+	OutputTokens        *int `json:"output_tokens"`
+	CacheCreationTokens *int `json:"cache_creation_input_tokens"`
+}
+
+func (s *usageScan) feed(p []byte) {
+	for len(p) > 0 {
+		switch s.state {
+		case scanKey:
+			i, ok := s.findKey(p)
+			if !ok {
+				return
+			}
+			p, s.state = p[i:], scanColon
+		case scanColon:
+			i := 0
+			for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r' || p[i] == ':') {
+				i++
+			}
+			if i == len(p) {
+				return
+			}
+			if p[i] != '{' { // null, or "usage" as a value: not an object
+				s.state = scanKey
+				p = p[i:]
+				continue
+			}
+			s.state, s.depth, s.str, s.esc, s.obj = scanObject, 0, false, false, s.obj[:0]
+			p = p[i:]
+		case scanObject:
+			i := s.object(p)
+			if i < 0 {
+				return
+			}
+			p = p[i:]
+		}
+	}
+}
+
+// findKey looks for the usage key in p, or across the end of the last chunk
+// and p's start; it returns the index in p after the key, or false when p
+// holds none (and keeps p's end, which may start one).
+func (s *usageScan) findKey(p []byte) (int, bool) {
+	if s.nc > 0 {
+		var tmp [2 * len(usageKeyLit)]byte
+		n := copy(tmp[:], s.carry[:s.nc])
+		m := copy(tmp[n:], p[:min(len(p), len(usageKey)-1)])
+		if i := bytes.Index(tmp[:n+m], usageKey); i >= 0 {
+			s.nc = 0
+			return i + len(usageKey) - n, true
+		}
+		if m == len(p) { // p is short: the carry is the end of carry and p
+			s.nc = copy(s.carry[:], tmp[max(0, n+m-len(s.carry)):n+m])
+			return 0, false
+		}
+	}
+	if i := bytes.Index(p, usageKey); i >= 0 {
+		s.nc = 0
+		return i + len(usageKey), true
+	}
+	s.nc = copy(s.carry[:], p[max(0, len(p)-len(s.carry)):])
+	return 0, false
+}
+
+// object reads p into the usage object; it returns the index after the
+// object's end, or -1 when p ended first.
+func (s *usageScan) object(p []byte) int {
+	for i, c := range p {
+		switch {
+		case s.esc:
+			s.esc = false
+		case s.str:
+			s.esc = c == '\\'
+			s.str = c != '"'
+		case c == '"':
+			s.str = true
+		case c == '{':
+			s.depth++
+		case c == '}':
+			s.depth--
+		}
+		if s.depth == 0 {
+			if len(s.obj)+i+1 <= maxUsageObject {
+				s.obj = append(s.obj, p[:i+1]...)
+				s.merge(s.obj)
+			}
+			s.state, s.obj = scanKey, s.obj[:0]
+			return i + 1
+		}
+	}
+	if len(s.obj)+len(p) <= maxUsageObject {
+		s.obj = append(s.obj, p...)
+	} else {
+		s.obj = s.obj[:0] // too long to be a usage object: read past it
+	}
+	return -1
+}
+
+// merge keeps the largest of each count in obj and what was seen before.
+func (s *usageScan) merge(obj []byte) {
+	var u usage
+	if len(obj) > maxUsageObject || json.Unmarshal(obj, &u) != nil {
+		return
+	}
+	for _, f := range []struct{ dst, src **int }{
+		{&s.u.PromptTokens, &u.PromptTokens},
+		{&s.u.CompletionTokens, &u.CompletionTokens},
+		{&s.u.TotalTokens, &u.TotalTokens},
+		{&s.u.InputTokens, &u.InputTokens},
+		{&s.u.OutputTokens, &u.OutputTokens},
+		{&s.u.CacheCreationTokens, &u.CacheCreationTokens},
+	} {
+		if v := *f.src; v != nil && *v >= 0 && (*f.dst == nil || **f.dst < *v) {
+			*f.dst = v
+			s.found = true
+		}
+	}
+}
+
+// actual returns est with the dimensions the usage told replaced by their
+// counts, and false when no usage was read. Input tokens are OpenAI's
+// prompt_tokens, or Anthropic's input_tokens plus its cache writes
+// (cache_creation_input_tokens count toward Anthropic's input-tokens limit;
+// its cache reads, for most models, do not); output tokens are
+// completion_tokens or output_tokens; tokens are total_tokens, or input
+// plus output.
+func (s *usageScan) actual(est Cost) (Cost, bool) {
+	if !s.found {
+		return est, false
+	}
+	in, hasIn := s.u.PromptTokens, s.u.PromptTokens != nil
+	if !hasIn && s.u.InputTokens != nil {
+		n := *s.u.InputTokens
+		if s.u.CacheCreationTokens != nil {
+			n += *s.u.CacheCreationTokens
+		}
+		in, hasIn = &n, true
+	}
+	out := s.u.CompletionTokens
+	if out == nil {
+		out = s.u.OutputTokens
+	}
+	c := est
+	if hasIn {
+		c.InputTokens = *in
+	}
+	if out != nil {
+		c.OutputTokens = *out
+	}
+	switch {
+	case s.u.TotalTokens != nil:
+		c.Tokens = *s.u.TotalTokens
+	case hasIn && out != nil:
+		c.Tokens = *in + *out
+	}
+	return c, true
+}

@@ -1,0 +1,178 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Bodies as the providers send them (OpenAI's chat completions, plain and
+// streamed with stream_options.include_usage; Anthropic's messages, plain
+// and streamed).
+const (
+	openAIBody = `{"id":"chatcmpl-abc","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"usage: {\"x\": 1}"},"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}`
+	openAIStream = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n" +
+		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7,\"total_tokens\":19}}\n\n" +
+		"data: [DONE]\n\n"
+	anthropicBody   = `{"id":"msg_1","type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":25,"cache_creation_input_tokens":5,"cache_read_input_tokens":100,"output_tokens":13}}`
+	anthropicStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+)
+
+// TestUsageScan: the usage of each body, read whole and split at every
+// byte (the key, a number, an object across two reads).
+func TestUsageScan(t *testing.T) {
+	est := Cost{Requests: 1, Tokens: 500, InputTokens: 100, OutputTokens: 400}
+	for _, tc := range []struct {
+		name, body string
+		want       Cost
+		found      bool
+	}{
+		{"openai", openAIBody, Cost{Requests: 1, Tokens: 29, InputTokens: 19, OutputTokens: 10}, true},
+		{"openai stream", openAIStream, Cost{Requests: 1, Tokens: 19, InputTokens: 12, OutputTokens: 7}, true},
+		{"anthropic", anthropicBody, Cost{Requests: 1, Tokens: 43, InputTokens: 30, OutputTokens: 13}, true},
+		{"anthropic stream", anthropicStream, Cost{Requests: 1, Tokens: 40, InputTokens: 25, OutputTokens: 15}, true},
+		{"no usage", `{"object":"charge","status":"succeeded"}`, est, false},
+		{"usage null", `{"usage":null}`, est, false},
+		{"usage a string", `{"note":"usage","usage":"n/a"}`, est, false},
+		{"negative counts", `{"usage":{"prompt_tokens":-5}}`, est, false},
+		{"too long", `{"usage":{"x":"` + strings.Repeat("a", maxUsageObject) + `","prompt_tokens":3}}`, est, false},
+		{"only output", `{"usage":{"output_tokens":8}}`, Cost{Requests: 1, Tokens: 500, InputTokens: 100, OutputTokens: 8}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for split := 0; split <= len(tc.body); split++ {
+				var s usageScan
+				s.feed([]byte(tc.body[:split]))
+				s.feed([]byte(tc.body[split:]))
+				got, found := s.actual(est)
+				require.Equal(t, tc.found, found, "split at %d", split)
+				require.Equal(t, tc.want, got, "split at %d", split)
+			}
+			var s usageScan // a byte at a time
+			for i := range len(tc.body) {
+				s.feed([]byte{tc.body[i]})
+			}
+			got, _ := s.actual(est)
+			assert.Equal(t, tc.want, got, "a byte at a time")
+		})
+	}
+}
+
+// FuzzUsageScan: any body, in any two pieces, reads as it does whole, and
+// nothing panics.
+func FuzzUsageScan(f *testing.F) {
+	for _, b := range []string{openAIBody, openAIStream, anthropicBody, anthropicStream, `{"usage":{"prompt_tokens":1e99}}`, `"usage":{"a":"\"}"}`, `"usage"`} {
+		f.Add(b, uint16(len(b)/2))
+	}
+	f.Fuzz(func(t *testing.T, body string, split uint16) {
+		at := int(split) % (len(body) + 1)
+		var whole, parts usageScan
+		whole.feed([]byte(body))
+		parts.feed([]byte(body[:at]))
+		parts.feed([]byte(body[at:]))
+		est := Cost{Requests: 1, Tokens: 7}
+		w, wf := whole.actual(est)
+		p, pf := parts.actual(est)
+		if w != p || wf != pf {
+			t.Fatalf("whole %v %v, split at %d %v %v", w, wf, at, p, pf)
+		}
+	})
+}
+
+// llmServer answers each request with body, or 429 when throttled says so.
+func llmServer(t *testing.T, body string, status func() int) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if st := status(); st != http.StatusOK {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(st)
+			fmt.Fprint(w, `{"error":{"type":"tokens","code":"rate_limit_exceeded"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, line := range strings.SplitAfter(body, "\n\n") {
+			fmt.Fprint(w, line)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestTransportSettlesUsage: a Transport WithCosts settles each attempt's
+// tokens from its response: a streamed body at its end (the caller reads
+// it intact), a 429 at 0 tokens, a body closed early at its estimate.
+func TestTransportSettlesUsage(t *testing.T) {
+	lim, err := NewLimits(WindowOf(Requests, 100, time.Hour), WindowOf(Tokens, 1000, time.Hour))
+	require.NoError(t, err)
+	status := http.StatusOK
+	srv := llmServer(t, openAIStream, func() int { return status })
+	tr, err := New(nil, WithLimiter(lim), WithCosts(func(*http.Request) Cost { return Cost{Requests: 1, Tokens: 300} }))
+	require.NoError(t, err)
+	client := &http.Client{Transport: tr}
+	used := func() int {
+		lim.mu.Lock()
+		defer lim.mu.Unlock()
+		return lim.states[1].m[strings.TrimPrefix(srv.URL, "http://")].log.sum
+	}
+
+	resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"max_tokens":300}`))
+	require.NoError(t, err)
+	assert.Equal(t, 300, used(), "the estimate, until the body's end")
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, openAIStream, string(b), "the caller reads the body intact")
+	assert.Equal(t, 19, used(), "settled at the usage's total_tokens")
+
+	status = http.StatusTooManyRequests
+	resp, err = client.Get(srv.URL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 19, used(), "a refusal spent no tokens")
+
+	status = http.StatusOK
+	resp, err = client.Get(srv.URL)
+	require.NoError(t, err)
+	resp.Body.Close() // before its end: the estimate stands
+	assert.Equal(t, 319, used())
+}
+
+func TestWithCostsValidates(t *testing.T) {
+	tb, err := NewTokenBucket(PerSecond(1), 1)
+	require.NoError(t, err)
+	lim, err := NewLimits(WindowOf(Tokens, 10, time.Second))
+	require.NoError(t, err)
+	est := func(*http.Request) Cost { return Cost{Requests: 1} }
+	for _, tc := range []struct {
+		opts []Option
+		want string
+	}{
+		{[]Option{WithCosts(nil), WithLimiter(lim)}, "WithCosts nil"},
+		{[]Option{WithCosts(est), WithLimiter(tb)}, "WithCosts: limiter *egress.TokenBucket: must count costs in dimensions"},
+		{[]Option{WithCosts(est)}, "WithCosts: limiter <nil>"},
+		{[]Option{WithCosts(est), WithLimiter(lim), WithCostFunc(unitCost)}, "WithCosts with WithCostFunc"},
+	} {
+		_, err := New(nil, tc.opts...)
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	tr, err := New(nil, WithLimiter(lim), WithCosts(func(*http.Request) Cost { return Cost{Requests: 1, Tokens: -2} }))
+	require.NoError(t, err)
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://127.0.0.1:1/", nil)
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WithCosts returned -2 tokens")
+}

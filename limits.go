@@ -1,0 +1,362 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+// Cost is what one request costs, in each dimension a limit may count. The
+// zero value costs nothing; a request usually costs Requests: 1, and an
+// LLM call also an estimate of its tokens (see WithCosts).
+type Cost struct {
+	Requests     int
+	Tokens       int // input and output together
+	InputTokens  int
+	OutputTokens int
+}
+
+// Of returns the cost in dimension d.
+func (c Cost) Of(d Dimension) int {
+	switch d {
+	case Requests:
+		return c.Requests
+	case Tokens:
+		return c.Tokens
+	case InputTokens:
+		return c.InputTokens
+	case OutputTokens:
+		return c.OutputTokens
+	}
+	return 0
+}
+
+// negative returns the first dimension with a negative cost.
+func (c Cost) negative() (Dimension, bool) {
+	for d := Requests; d <= OutputTokens; d++ {
+		if c.Of(d) < 0 {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// Limit is one limit of a Limits: what it counts (a dimension), how (a
+// token bucket or a sliding window), and of which key (the request's own,
+// or a parent's: see Parent). Make one with BucketOf or WindowOf.
+type Limit struct {
+	dim    Dimension
+	window bool
+	rate   Rate          // a bucket's refill
+	n      int           // a bucket's burst; a window's quota
+	w      time.Duration // a window's length
+	parent func(key string) string
+}
+
+// BucketOf returns a token-bucket limit on dimension d: bursts up to burst
+// units, then r. In any interval of length t it grants at most r·t + burst.
+func BucketOf(d Dimension, r Rate, burst int) Limit {
+	return Limit{dim: d, rate: r, n: burst}
+}
+
+// WindowOf returns a sliding-window limit on dimension d: at most n units
+// in any window of length w, exactly (see WindowLimit, which is one).
+func WindowOf(d Dimension, n int, w time.Duration) Limit {
+	return Limit{dim: d, window: true, n: n, w: w}
+}
+
+// Parent returns the limit applied to a parent of the request's key: the
+// key parent(key), which every key with the same parent shares (the whole
+// account or host, above one limit per endpoint). HostOf is the parent of
+// the keys RouteKeys makes. A request is admitted only when its own key's
+// limits and its parents' all grant its cost.
+func (l Limit) Parent(parent func(key string) string) Limit {
+	l.parent = parent
+	return l
+}
+
+// HostOf returns the host of a key that RouteKeys made ("api.example.com"
+// for "api.example.com/v1/customers/{id}"): the parent for a host-wide
+// limit above per-route ones.
+func HostOf(key string) string {
+	if i := strings.IndexByte(key, '/'); i >= 0 {
+		return key[:i]
+	}
+	return key
+}
+
+// String describes the limit: "requests ≤ 100/1s burst 10", "tokens ≤ 30000
+// per 1m0s".
+func (l Limit) String() string {
+	s := ""
+	if l.window {
+		s = fmt.Sprintf("%s ≤ %d per %v", l.dim, l.n, l.w)
+	} else {
+		s = fmt.Sprintf("%s ≤ %v burst %d", l.dim, l.rate, l.n)
+	}
+	if l.parent != nil {
+		s += " (parent key)"
+	}
+	return s
+}
+
+func (l Limit) validate(i int) error {
+	op := fmt.Sprintf("NewLimits: limit %d (%s)", i, l.dim)
+	if l.dim > OutputTokens {
+		return configError(op+": dimension", int(l.dim), "is not one of Requests, Tokens, InputTokens, OutputTokens")
+	}
+	if l.window {
+		if l.n < 1 {
+			return configError(op+": n", l.n, "must be at least 1")
+		}
+		if l.w <= 0 {
+			return configError(op+": window", l.w, "must be positive")
+		}
+		return nil
+	}
+	if err := l.rate.validate(op + ": rate"); err != nil {
+		return err
+	}
+	if l.n < 1 {
+		return configError(op+": burst", l.n, "must be at least 1")
+	}
+	return nil
+}
+
+// key returns the key whose state the limit keeps for a request of key.
+func (l *Limit) key(key string) string {
+	if l.parent != nil {
+		return l.parent(key)
+	}
+	return key
+}
+
+// Limits is a set of limits enforced together, all or nothing: a request
+// is admitted only at a turn at which every limit can grant its cost in
+// the limit's dimension, and then takes it from all of them at once. A
+// request refused, cancelled or timed out takes nothing from any limit. It
+// is how "per second and per minute", "requests and tokens", and "per
+// endpoint and per account" are kept by one limiter: two Transports or two
+// limiters stacked would spend the first's capacity on a request the
+// second refuses.
+//
+// Each limit keeps one state per key: a token bucket (its theoretical
+// arrival time, the GCRA arithmetic of the shared limiters' scripts) or a
+// sliding window (16 bytes per grant still in the window, as WindowLimit).
+// The buckets do their own arithmetic rather than use x/time/rate's,
+// because a turn chosen by one limit must be taken at that turn by the
+// others, which x/time/rate's reservations cannot do exactly.
+//
+// A request's cost comes from WaitCost (Wait costs Requests only). When the
+// response tells the actual cost, Settle charges or refunds the
+// difference. In any interval, a limit then grants at most its bound plus
+// the under-estimates of the requests still unsettled when the last of
+// them was admitted: the estimate's error times the requests in flight.
+//
+// A Limits is local (one process) and not a Learner: a Transport keeps the
+// holds the provider asks for itself. No transit margin is kept. It is safe
+// for simultaneous use by multiple goroutines.
+type Limits struct {
+	limits []Limit
+	clock  clock.Clock
+
+	mu     sync.Mutex
+	states []keyed[*limitState] // one map per limit; guarded by mu
+}
+
+// limitState is one key's state of one limit: a bucket's tat, or a
+// window's grants.
+type limitState struct {
+	tat time.Time // a bucket's theoretical arrival time: full when ≤ now
+	log grantLog  // a window's grants
+}
+
+func (s *limitState) atRest(now time.Time) bool {
+	if s.log.w > 0 {
+		return s.log.atRest(now)
+	}
+	return !s.tat.After(now)
+}
+
+// NewLimits returns the limits enforced together. It needs at least one; a
+// window needs n ≥ 1 and w > 0, a bucket a valid rate and a burst ≥ 1.
+func NewLimits(limits ...Limit) (*Limits, error) {
+	if len(limits) == 0 {
+		return nil, configError("NewLimits: limits", "none", "give at least one")
+	}
+	for i, l := range limits {
+		if err := l.validate(i); err != nil {
+			return nil, err
+		}
+	}
+	l := &Limits{limits: append([]Limit(nil), limits...), clock: clock.Real{}}
+	l.states = make([]keyed[*limitState], len(limits))
+	for i := range l.states {
+		l.states[i] = newKeyed[*limitState]()
+	}
+	return l, nil
+}
+
+// Grant is what a Limits granted one request: its key, its cost and its
+// turn. Settle it with the request's actual cost, once known.
+type Grant struct {
+	Key    string
+	Cost   Cost
+	At     time.Time     // the turn the request was given
+	Waited time.Duration // how long it waited for it
+}
+
+// Wait implements Limiter: cost is in requests.
+func (l *Limits) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	g, err := l.WaitCost(ctx, key, Cost{Requests: cost}, maxWait)
+	return g.Waited, err
+}
+
+// WaitCost blocks until every limit grants cost, as Limiter.Wait does for
+// one cost: never past ctx's deadline nor maxWait (a *LimitError at once,
+// whose Cost is the cost in the dimension of the limit that would have
+// made it wait longest), and when ctx ends during the wait it returns
+// ctx.Err() and gives every limit its capacity back. A cost above a limit's
+// burst or n fails at once with ErrCostTooHigh.
+func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
+	if d, neg := cost.negative(); neg {
+		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
+	}
+	if err := ctx.Err(); err != nil {
+		return Grant{}, err
+	}
+	g, now, err := l.reserve(key, cost, waitBudget(ctx, maxWait))
+	if err != nil {
+		return Grant{}, err
+	}
+	d := g.At.Sub(now)
+	if d <= 0 {
+		return g, nil
+	}
+	if err := sleep(ctx, l.clock, d); err != nil {
+		l.Settle(g, Cost{})
+		return Grant{}, err
+	}
+	g.Waited = d
+	return g, nil
+}
+
+// reserve gives a request of cost the first turn, at or after now, at
+// which every limit can grant its share, and takes it from all; it refuses,
+// taking nothing, when that turn does not fit b.
+func (l *Limits) reserve(key string, cost Cost, b budget) (Grant, time.Time, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	at, binding := now, -1
+	for i := range l.limits {
+		lim := &l.limits[i]
+		c := cost.Of(lim.dim)
+		if c == 0 {
+			continue
+		}
+		if c > lim.n {
+			return Grant{}, now, &LimitError{Key: key, Cost: c, Reason: ReasonCostTooHigh}
+		}
+		if t := l.state(i, key, now).earliest(lim, c, now); t.After(at) {
+			at, binding = t, i
+		}
+	}
+	if binding >= 0 {
+		c := cost.Of(l.limits[binding].dim)
+		if e := b.refuse(now, key, c, at.Sub(now)); e != nil {
+			return Grant{}, now, e
+		}
+	}
+	for i := range l.limits {
+		lim := &l.limits[i]
+		if c := cost.Of(lim.dim); c > 0 {
+			l.state(i, key, now).take(lim, c, at)
+		}
+	}
+	return Grant{Key: key, Cost: cost, At: at}, now, nil
+}
+
+// state returns limit i's state for a request of key, made when missing.
+func (l *Limits) state(i int, key string, now time.Time) *limitState {
+	lim := &l.limits[i]
+	k := lim.key(key)
+	s, ok := l.states[i].get(k, now)
+	if !ok {
+		s = &limitState{}
+		s.log.w = lim.w
+		l.states[i].put(k, s)
+	}
+	if lim.window {
+		s.log.trim(now)
+	}
+	return s
+}
+
+// earliest returns the first turn at or after now at which the limit can
+// grant c (≤ its burst or n).
+func (s *limitState) earliest(lim *Limit, c int, now time.Time) time.Time {
+	if lim.window {
+		return s.log.earliest(now, c, lim.n)
+	}
+	// GCRA: a request of c at t conforms when max(tat, t) + c·I − t ≤ burst·I.
+	return maxTime(now, s.tat.Add(-durationOf(lim.n-c, lim.rate)))
+}
+
+// take grants c at turn at, which earliest allowed.
+func (s *limitState) take(lim *Limit, c int, at time.Time) {
+	if lim.window {
+		s.log.add(at, c)
+		return
+	}
+	s.tat = maxTime(s.tat, at).Add(durationOf(c, lim.rate))
+}
+
+// Settle charges or refunds each limit the difference between the cost g
+// was granted and actual, the request's actual cost (a cancelled request
+// settles at Cost{}: it takes nothing). A bucket refunds no further than
+// full; a window counts the difference at g's turn, and forgets it once
+// that turn has left the window. A charge is counted as at most the
+// limit's burst or n. A grant settles once; settling a key the
+// limits no longer hold (its turn long gone) does nothing.
+func (l *Limits) Settle(g Grant, actual Cost) {
+	if actual == g.Cost || g.At.IsZero() {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	for i := range l.limits {
+		lim := &l.limits[i]
+		// A charge beyond the limit's whole capacity counts as that: one
+		// response never parks the key for longer than the capacity takes
+		// to come back.
+		from, to := g.Cost.Of(lim.dim), min(max(actual.Of(lim.dim), 0), lim.n)
+		if from == to {
+			continue
+		}
+		s, ok := l.states[i].m[lim.key(g.Key)]
+		if !ok && to > from {
+			s, ok = l.state(i, g.Key, now), true // a dimension the grant did not count
+		}
+		if !ok {
+			continue
+		}
+		switch {
+		case lim.window:
+			if from > 0 {
+				s.log.adjust(g.At, from, to) // gone from the log: its turn has left the window
+			} else if g.At.Add(lim.w).After(now) {
+				s.log.insert(g.At, to) // a cost of 0 took no entry
+			}
+		case to > from:
+			s.tat = maxTime(s.tat, now).Add(durationOf(to-from, lim.rate))
+		default:
+			s.tat = maxTime(s.tat.Add(-durationOf(from-to, lim.rate)), now)
+		}
+	}
+}

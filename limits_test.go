@@ -1,0 +1,221 @@
+package egress
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/egress-go/egress/internal/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func newLimitsOnFake(t testing.TB, limits ...Limit) (*Limits, *clock.Fake) {
+	l, err := NewLimits(limits...)
+	require.NoError(t, err)
+	fc := clock.NewFake(limiterEpoch)
+	l.clock = fc
+	return l, fc
+}
+
+func TestNewLimitsValidates(t *testing.T) {
+	for _, tc := range []struct {
+		limits []Limit
+		want   string
+	}{
+		{nil, "NewLimits: limits none"},
+		{[]Limit{WindowOf(Requests, 0, time.Second)}, "NewLimits: limit 0 (requests): n 0"},
+		{[]Limit{BucketOf(Requests, PerSecond(1), 1), WindowOf(Tokens, 10, 0)}, "NewLimits: limit 1 (tokens): window 0s"},
+		{[]Limit{BucketOf(Tokens, PerSecond(0), 1)}, "NewLimits: limit 0 (tokens): rate"},
+		{[]Limit{BucketOf(Requests, PerSecond(1), 0)}, "NewLimits: limit 0 (requests): burst 0"},
+		{[]Limit{{}}, "NewLimits: limit 0 (requests): rate"},
+		{[]Limit{WindowOf(Dimension(9), 1, time.Second)}, "dimension 9"},
+	} {
+		_, err := NewLimits(tc.limits...)
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
+
+// reserveIn reserves cost on l and returns the wait for the turn.
+func reserveIn(t *testing.T, l *Limits, key string, cost Cost, b budget) (time.Duration, Grant, error) {
+	t.Helper()
+	g, now, err := l.reserve(key, cost, b)
+	if err != nil {
+		return 0, g, err
+	}
+	return g.At.Sub(now), g, nil
+}
+
+// TestLimitsAllOrNothing: 2 requests and 100 tokens per second, as windows.
+// A request goes when both have room; one refused takes nothing from
+// either; a cost of 0 tokens takes none.
+func TestLimitsAllOrNothing(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Requests, 2, time.Second), WindowOf(Tokens, 100, time.Second))
+	steps := []struct {
+		advance time.Duration
+		cost    Cost
+		b       budget
+		wait    time.Duration
+		refused bool
+	}{
+		{0, Cost{Requests: 1, Tokens: 80}, budget{}, 0, false},
+		// the tokens bind: 80 + 30 > 100 until the first leaves at 1 s
+		{100 * time.Millisecond, Cost{Requests: 1, Tokens: 30}, budget{maxWait: 500 * time.Millisecond}, 900 * time.Millisecond, true},
+		// refused took nothing: 20 tokens still fit, and a second request
+		{0, Cost{Requests: 1, Tokens: 20}, budget{}, 0, false},
+		// now the requests bind (2 in the window), not the tokens
+		{0, Cost{Requests: 1}, budget{}, 900 * time.Millisecond, false},
+		// a request costing 0 in every dimension goes at once
+		{0, Cost{}, budget{}, 0, false},
+	}
+	for i, st := range steps {
+		fc.Advance(st.advance)
+		d, _, err := reserveIn(t, l, "k", st.cost, st.b)
+		if st.refused {
+			var le *LimitError
+			require.ErrorAs(t, err, &le, "step %d", i)
+			assert.Equal(t, ReasonMaxWait, le.Reason, "step %d", i)
+			assert.Equal(t, st.wait, le.Wait, "step %d: the wait needed", i)
+			assert.Equal(t, 30, le.Cost, "step %d: the cost of the binding limit", i)
+			continue
+		}
+		require.NoError(t, err, "step %d", i)
+		assert.Equal(t, st.wait, d, "step %d", i)
+	}
+	_, _, err := reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 101}, budget{})
+	assert.ErrorIs(t, err, ErrCostTooHigh, "more tokens than the window holds")
+}
+
+// TestLimitsBucketAndWindow: a bucket of 10/s burst 2 under a window of 3
+// per second. The bucket's burst goes at once, the window then caps the
+// third second's grants at 3 even though the bucket would give more.
+func TestLimitsBucketAndWindow(t *testing.T) {
+	l, _ := newLimitsOnFake(t, BucketOf(Requests, PerSecond(10), 2), WindowOf(Requests, 3, time.Second))
+	var waits []time.Duration
+	for range 5 {
+		d, _, err := reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+		require.NoError(t, err)
+		waits = append(waits, d)
+	}
+	ms := time.Millisecond
+	assert.Equal(t, []time.Duration{0, 0, 100 * ms, 1000 * ms, 1000 * ms}, waits,
+		"2 at once (the burst), 1 a unit later (the bucket), then the window's: the 4th when the 1st leaves; the 5th with the 2nd")
+}
+
+// TestLimitsParentKey: 2 per second per route, 3 per second for the host.
+// The routes share the host's window, which gives its turns in order of
+// arrival, whichever route asks.
+func TestLimitsParentKey(t *testing.T) {
+	l, _ := newLimitsOnFake(t, WindowOf(Requests, 2, time.Second), WindowOf(Requests, 3, time.Second).Parent(HostOf))
+	one := Cost{Requests: 1}
+	for i, st := range []struct {
+		key  string
+		wait time.Duration
+	}{
+		{"h/a", 0}, {"h/a", 0},
+		{"h/a", time.Second},     // its route's 2 are spent: it takes the host's 3rd at 1 s
+		{"h/b", time.Second},     // a window gives turns in order: after the one at 1 s
+		{"h/b", time.Second},     // its route's 2nd, the host's 3rd in (0, 1 s]
+		{"h/c", 2 * time.Second}, // the host's 3 are spent until 2 s
+	} {
+		d, _, err := reserveIn(t, l, st.key, one, budget{})
+		require.NoError(t, err)
+		assert.Equal(t, st.wait, d, "step %d: %s", i, st.key)
+	}
+	assert.Equal(t, "h", HostOf("h/v1/customers/{id}"))
+	assert.Equal(t, "h", HostOf("h"))
+}
+
+// TestLimitsCancelGivesBack: a waiter whose context ends gives back its
+// turn in every limit: the next request takes the same turn.
+func TestLimitsCancelGivesBack(t *testing.T) {
+	l, fc := newLimitsOnFake(t, BucketOf(Requests, PerSecond(10), 1), WindowOf(Tokens, 50, time.Second))
+	_, _, err := reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 50}, budget{})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.WaitCost(ctx, "k", Cost{Requests: 1, Tokens: 10}, 0)
+		done <- err
+	}()
+	fc.WaitTimers(1)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+
+	d, _, err := reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 10}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, d, "the cancelled waiter's turn, given back, is the next one's")
+	d, _, err = reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, time.Second+100*time.Millisecond, d, "the bucket's unit of the cancelled waiter is back too")
+}
+
+// TestLimitsSettle: an estimate of 40 tokens settled at 10 refunds 30 to
+// the window at its turn; settled at 60, charges 20 more; a grant whose
+// turn has left the window settles nothing; a bucket refunds no further
+// than full.
+func TestLimitsSettle(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Tokens, 100, time.Second))
+	est := Cost{Requests: 1, Tokens: 40}
+	_, g1, err := reserveIn(t, l, "k", est, budget{})
+	require.NoError(t, err)
+	_, g2, err := reserveIn(t, l, "k", est, budget{})
+	require.NoError(t, err)
+	l.Settle(g1, Cost{Requests: 1, Tokens: 10})
+	l.Settle(g2, Cost{Requests: 1, Tokens: 60})
+	d, _, err := reserveIn(t, l, "k", Cost{Tokens: 30}, budget{})
+	require.NoError(t, err)
+	assert.Zero(t, d, "10 + 60 + 30 fit in 100")
+	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 1}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, d, "full: the next token waits for the first grants to leave")
+
+	fc.Advance(2 * time.Second)
+	l.Settle(g1, Cost{Tokens: 100}) // long gone: nothing
+	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 99}, budget{})
+	require.NoError(t, err)
+	assert.Zero(t, d)
+
+	b, _ := newLimitsOnFake(t, BucketOf(Tokens, PerSecond(100), 100))
+	_, g, err := reserveIn(t, b, "k", Cost{Tokens: 10}, budget{})
+	require.NoError(t, err)
+	b.Settle(g, Cost{Tokens: 0})
+	b.Settle(g, Cost{Tokens: 0}) // a second refund is not more capacity: the bucket is full
+	_, _, err = reserveIn(t, b, "k", Cost{Tokens: 100}, budget{})
+	require.NoError(t, err)
+	d, _, err = reserveIn(t, b, "k", Cost{Tokens: 1}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Millisecond, d, "a full burst taken, then one unit")
+
+	// a charge counts as at most the limit's capacity: a hostile usage
+	// of a billion tokens parks the key one bucket's refill at most.
+	b.Settle(g, Cost{Tokens: 1 << 30})
+	d, _, err = reserveIn(t, b, "k", Cost{Tokens: 1}, budget{})
+	require.NoError(t, err)
+	assert.LessOrEqual(t, d, 1100*time.Millisecond)
+}
+
+// TestLimitsSettleChargesUncountedDimension: tokens not estimated (0) are
+// charged when the response tells them, at the request's turn.
+func TestLimitsSettleChargesUncountedDimension(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Requests, 10, time.Second), WindowOf(Tokens, 100, time.Second))
+	_, g, err := reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+	require.NoError(t, err)
+	fc.Advance(300 * time.Millisecond)
+	l.Settle(g, Cost{Requests: 1, Tokens: 90})
+	d, _, err := reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 20}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 700*time.Millisecond, d, "the 90 tokens count from the first request's turn")
+}
+
+func TestLimitsWaitCostRefusesNegative(t *testing.T) {
+	l, _ := newLimitsOnFake(t, WindowOf(Tokens, 10, time.Second))
+	_, err := l.WaitCost(context.Background(), "k", Cost{Requests: 1, Tokens: -1}, 0)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cost -1 in tokens is negative")
+	w, err := l.Wait(context.Background(), "k", 1, 0)
+	require.NoError(t, err)
+	assert.Zero(t, w, "Wait counts requests; the limits on tokens take nothing")
+}
