@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -157,12 +158,16 @@ func (l *Limit) key(key string) string {
 // the under-estimates of the requests still unsettled when the last of
 // them was admitted: the estimate's error times the requests in flight.
 //
-// A Limits is local (one process) and not a Learner: a Transport keeps the
-// holds the provider asks for itself. No transit margin is kept. It is safe
+// A Limits is a Learner: it holds a key as a Transport without a learning
+// limiter does (a Retry-After, an exhausted requests quota), and a
+// provider's count in a dimension (remaining tokens, remaining requests
+// less those in flight) caps the room of that dimension's limits: see
+// Learn. It is local (one process) and keeps no transit margin. It is safe
 // for simultaneous use by multiple goroutines.
 type Limits struct {
 	limits []Limit
 	clock  clock.Clock
+	holds  *holds // the keys' holds, kept as a Transport's own
 
 	mu     sync.Mutex
 	states []keyed[*limitState] // one map per limit; guarded by mu
@@ -194,6 +199,7 @@ func NewLimits(limits ...Limit) (*Limits, error) {
 		}
 	}
 	l := &Limits{limits: append([]Limit(nil), limits...), clock: clock.Real{}}
+	l.holds = newHolds(&l.clock)
 	l.states = make([]keyed[*limitState], len(limits))
 	for i := range l.states {
 		l.states[i] = newKeyed[*limitState]()
@@ -253,6 +259,12 @@ func (l *Limits) reserve(key string, cost Cost, b budget) (Grant, time.Time, err
 	defer l.mu.Unlock()
 	now := l.clock.Now()
 	at, binding := now, -1
+	if d, _ := l.holds.remaining(key); d > 0 {
+		at = now.Add(d) // the key is held: nothing goes before the hold ends
+		if e := b.refuse(now, key, cost.Requests, d); e != nil {
+			return Grant{}, now, e
+		}
+	}
 	for i := range l.limits {
 		lim := &l.limits[i]
 		c := cost.Of(lim.dim)
@@ -358,5 +370,61 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 		default:
 			s.tat = maxTime(s.tat.Add(-durationOf(from-to, lim.rate)), now)
 		}
+	}
+}
+
+// Learn implements Learner. It holds the key as a Transport's own holds do
+// (the README's "How egress learns a limit", without a rate to discover),
+// and each count the response reports caps the room of the limits of its
+// dimension: a limit of the key (or its parent) grants no more until its
+// window moves on, or its bucket refills, than the provider said remains.
+// For requests, the provider's remaining less the requests in flight
+// (Signal.InFlight), which will spend it; for tokens, the remaining as
+// reported. A window's cap ends at the provider's reset when it is sooner
+// than the window's own end.
+func (l *Limits) Learn(ctx context.Context, key string, s Signal) Decision {
+	d := l.holds.Learn(ctx, key, s)
+	if len(s.Quotas) == 0 || !s.throttled() && s.Status/100 != 2 {
+		return d
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	for _, q := range s.Quotas {
+		if !q.HasRemaining {
+			continue
+		}
+		keep := q.Remaining
+		if q.Dimension == Requests {
+			keep -= float64(s.InFlight)
+		}
+		for i := range l.limits {
+			if lim := &l.limits[i]; lim.dim == q.Dimension {
+				l.state(i, key, now).cap(lim, max(keep, 0), q, now)
+			}
+		}
+	}
+	return d
+}
+
+// cap lowers the limit's room at now to keep units, when it has more: a
+// bucket owes what it has above keep; a window takes a grant of the excess
+// that leaves it at the provider's reset, or with the window.
+func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
+	if lim.window {
+		room := lim.n - s.log.sum
+		if excess := room - int(math.Ceil(keep)); excess > 0 {
+			at := now
+			if q.HasReset && q.Reset < lim.w {
+				at = now.Add(q.Reset - lim.w)
+			}
+			s.log.insert(at, excess)
+		}
+		return
+	}
+	// The bucket holds burst − (tat − now)/I units; keep at most keep.
+	owe := now.Add(durationOf(lim.n-int(math.Floor(keep)), lim.rate))
+	if keep < float64(lim.n) {
+		s.tat = maxTime(s.tat, owe)
 	}
 }

@@ -219,3 +219,46 @@ func TestLimitsWaitCostRefusesNegative(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, w, "Wait counts requests; the limits on tokens take nothing")
 }
+
+// TestLimitsLearn: a Limits holds a key on a Retry-After as a Transport
+// would, and a provider's count caps the room of its dimension's limits:
+// tokens until the provider's reset, requests less those in flight.
+func TestLimitsLearn(t *testing.T) {
+	ctx := context.Background()
+	l, fc := newLimitsOnFake(t, BucketOf(Requests, PerSecond(10), 10), WindowOf(Tokens, 1000, time.Minute))
+	now := fc.Now()
+	d := l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 429, RetryAfter: 2 * time.Second, HasRetryAfter: true})
+	assert.Equal(t, now.Add(2*time.Second), d.Hold, "a Retry-After holds the key")
+	w, _, err := reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 100}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, w, "nothing goes before the hold ends")
+	_, _, err = reserveIn(t, l, "k", Cost{Requests: 1}, budget{maxWait: time.Second})
+	assert.ErrorIs(t, err, ErrRateLimited, "a wait longer than the max wait is refused at once")
+	fc.Advance(2 * time.Second)
+
+	// 100 tokens granted; the provider says 50 remain, back in 30 s.
+	now = fc.Now()
+	l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{
+		{Dimension: Tokens, Remaining: 50, HasRemaining: true, Reset: 30 * time.Second, HasReset: true},
+	}})
+	w, _, err = reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 50}, budget{})
+	require.NoError(t, err)
+	assert.Zero(t, w, "the 50 that remain")
+	w, _, err = reserveIn(t, l, "k", Cost{Requests: 1, Tokens: 10}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 30*time.Second, w, "then nothing until the provider's reset")
+
+	// 5 requests remain at the provider, 3 are in flight: 2 go at once.
+	r, fc := newLimitsOnFake(t, BucketOf(Requests, PerSecond(10), 10))
+	now = fc.Now()
+	r.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, InFlight: 3, Quotas: []Quota{
+		{Dimension: Requests, Remaining: 5, HasRemaining: true},
+	}})
+	var waits []time.Duration
+	for range 3 {
+		w, _, err := reserveIn(t, r, "k", Cost{Requests: 1}, budget{})
+		require.NoError(t, err)
+		waits = append(waits, w)
+	}
+	assert.Equal(t, []time.Duration{0, 0, 100 * time.Millisecond}, waits)
+}
