@@ -318,3 +318,47 @@ func (s *usageScan) actual(est Cost) (Cost, bool) {
 	}
 	return c, true
 }
+
+// maxCostBody caps the bytes of a request body LLMCost reads.
+const maxCostBody = 4 << 20
+
+// LLMCost estimates the cost of an LLM API call from its request, for
+// WithCosts: 1 request, and tokens of input and output. The input is the
+// body's size over 4 (about 4 bytes a token for English text, which the
+// JSON around the prompt only raises: an over-estimate, refunded when the
+// response tells the usage); the output is the body's max_tokens,
+// max_completion_tokens or max_output_tokens (OpenAI's and Anthropic's
+// names), which is what OpenAI reserves at admission, or 0 when it sets
+// none (the output is then charged when the response tells it). It reads a
+// copy of the body through GetBody (set by http.NewRequest for in-memory
+// bodies), at most 4 MiB; without GetBody it counts the request only.
+func LLMCost(req *http.Request) Cost {
+	c := Cost{Requests: 1}
+	if req.GetBody == nil || req.Body == nil || req.Body == http.NoBody {
+		return c
+	}
+	rc, err := req.GetBody()
+	if err != nil {
+		return c
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxCostBody))
+	if err != nil {
+		return c
+	}
+	var caps struct {
+		MaxTokens           *int `json:"max_tokens"`
+		MaxCompletionTokens *int `json:"max_completion_tokens"`
+		MaxOutputTokens     *int `json:"max_output_tokens"`
+	}
+	_ = json.Unmarshal(b, &caps) // a body that is not JSON has no maximum
+	for _, n := range []*int{caps.MaxCompletionTokens, caps.MaxTokens, caps.MaxOutputTokens} {
+		if n != nil && *n > 0 {
+			c.OutputTokens = *n
+			break
+		}
+	}
+	c.InputTokens = (len(b) + 3) / 4
+	c.Tokens = c.InputTokens + c.OutputTokens
+	return c
+}

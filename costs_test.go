@@ -176,3 +176,23 @@ func TestWithCostsValidates(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "WithCosts returned -2 tokens")
 }
+
+func TestLLMCost(t *testing.T) {
+	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"Say hello."}],"max_tokens":50}`
+	req, err := http.NewRequest(http.MethodPost, "https://api.openai.com/v1/chat/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	in := (len(body) + 3) / 4
+	assert.Equal(t, Cost{Requests: 1, InputTokens: in, OutputTokens: 50, Tokens: in + 50}, LLMCost(req))
+	rest, err := io.ReadAll(req.Body)
+	require.NoError(t, err)
+	assert.Equal(t, body, string(rest), "the request's own body is not read")
+
+	req, _ = http.NewRequest(http.MethodPost, "https://api.anthropic.com/v1/messages", strings.NewReader(`{"max_completion_tokens":7,"max_tokens":9}`))
+	assert.Equal(t, 7, LLMCost(req).OutputTokens, "OpenAI's newer name first")
+	req, _ = http.NewRequest(http.MethodPost, "https://x/", strings.NewReader(`not json`))
+	assert.Equal(t, Cost{Requests: 1, InputTokens: 2, Tokens: 2}, LLMCost(req))
+	req, _ = http.NewRequest(http.MethodGet, "https://x/", nil)
+	assert.Equal(t, Cost{Requests: 1}, LLMCost(req), "no body: the request only")
+	req, _ = http.NewRequest(http.MethodPost, "https://x/", io.NopCloser(strings.NewReader(body)))
+	assert.Equal(t, Cost{Requests: 1}, LLMCost(req), "no GetBody: the body is the caller's, unread")
+}

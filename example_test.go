@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"time"
 
 	"github.com/egress-go/egress"
@@ -188,4 +190,52 @@ func ExamplePerSecond() {
 	// 1000/h   =   0.2778/s, one every 3.6s
 	// 5/10s    =   0.5000/s, one every 2s
 	// 1/250ms  =   4.0000/s, one every 250ms
+}
+
+// Requests and tokens per minute, kept together: a request goes only when
+// both limits have room. Its tokens are estimated from its body (LLMCost:
+// about 620 here, most of it max_tokens) and settled from the usage its
+// response reports (50): without the settlement, the second request's
+// estimate would not fit beside the first's within the minute.
+func ExampleNewLimits() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `{"object":"chat.completion","usage":{"prompt_tokens":20,"completion_tokens":30,"total_tokens":50}}`)
+	}))
+	defer api.Close()
+
+	limits, err := egress.NewLimits(
+		egress.WindowOf(egress.Requests, 500, time.Minute),
+		egress.WindowOf(egress.Tokens, 1000, time.Minute),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	tr, err := egress.New(http.DefaultTransport,
+		egress.WithLimiter(limits),
+		egress.WithCosts(egress.LLMCost),
+		egress.WithMaxWait(time.Second),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	client := &http.Client{Transport: tr}
+	defer client.CloseIdleConnections()
+
+	body := `{"model":"m","messages":[{"role":"user","content":"Hello"}],"max_tokens":600}`
+	for i := range 3 {
+		resp, err := client.Post(api.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			fmt.Println(i, errors.Is(err, egress.ErrRateLimited))
+			continue
+		}
+		io.Copy(io.Discard, resp.Body) // at the body's end, its 50 tokens replace the estimate
+		resp.Body.Close()
+		fmt.Println(i, resp.Status)
+	}
+	// Output:
+	// 0 200 OK
+	// 1 200 OK
+	// 2 200 OK
 }
