@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -32,8 +34,9 @@ type CostLimiter interface {
 // An LLM call's tokens are known only after the response: estimate them
 // from the request (its prompt's size and max_tokens), and the Transport
 // settles each attempt once its response tells: the usage object of an
-// OpenAI, Azure OpenAI, Groq or Anthropic body, read as the body streams
-// by, JSON or server-sent events, at its end. A throttled attempt (429,
+// OpenAI, Azure OpenAI, Groq or Anthropic body, or Shopify GraphQL's
+// actualQueryCost (in Points), read as the body streams by, JSON or
+// server-sent events, at its end. A throttled attempt (429,
 // 503) settles its tokens at 0: the provider ran nothing. An attempt that
 // failed, or whose body the caller closes before its end, keeps its
 // estimate. A nil function is an error.
@@ -123,25 +126,32 @@ func (b *usageBody) Close() error {
 	return b.ReadCloser.Close()
 }
 
-// usageKey is what starts a usage object in every dialect read.
-const usageKeyLit = `"usage"`
+// The keys the scan looks for: a usage object (OpenAI, Anthropic), and
+// Shopify GraphQL's actual query cost (extensions.cost.actualQueryCost),
+// a number.
+var scanKeys = [...][]byte{[]byte(`"usage"`), []byte(`"actualQueryCost"`)}
 
-var usageKey = []byte(usageKeyLit)
+const (
+	keyUsage = iota
+	keyQueryCost
+	maxKeyLen = len(`"actualQueryCost"`)
+)
 
 // maxUsageObject caps the bytes kept of one usage object; a longer one is
 // not read.
 const maxUsageObject = 2048
 
 // usageScan finds the "usage" objects of a JSON or server-sent-events
-// body, whatever the chunks it comes in, and keeps the largest count of
-// each field it saw: a stream repeats its usage (Anthropic's message_start
-// and message_delta; OpenAI's last chunk after "usage": null ones), and
-// its counts only grow.
+// body, and Shopify's actualQueryCost, whatever the chunks it comes in,
+// and keeps the largest count of each field it saw: a stream repeats its
+// usage (Anthropic's message_start and message_delta; OpenAI's last chunk
+// after "usage": null ones), and its counts only grow.
 type usageScan struct {
-	carry [len(usageKeyLit) - 1]byte // the end of the last chunk, which may hold the start of the key
-	nc    int                        // bytes in carry
-	obj   []byte                     // the usage object being read, from its '{'
-	state uint8                      // scanKey, scanColon, scanObject
+	carry [maxKeyLen - 1]byte // the end of the last chunk, which may hold the start of a key
+	nc    int                 // bytes in carry
+	key   int                 // the key last found
+	obj   []byte              // the usage object (from its '{') or the number being read
+	state uint8               // scanKey, scanColon, scanObject, scanNumber
 	depth int
 	str   bool // in a string of the object
 	esc   bool // after a backslash in that string
@@ -153,10 +163,12 @@ const (
 	scanKey uint8 = iota
 	scanColon
 	scanObject
+	scanNumber
 )
 
 // usage is the fields of the providers' usage objects (OpenAI's chat and
-// responses APIs, Anthropic's messages API); a field not sent is nil.
+// responses APIs, Anthropic's messages API), and Shopify's query cost; a
+// field not sent is nil.
 type usage struct {
 	PromptTokens        *int `json:"prompt_tokens"`
 	CompletionTokens    *int `json:"completion_tokens"`
@@ -164,6 +176,7 @@ type usage struct {
 	InputTokens         *int `json:"input_tokens"`
 	OutputTokens        *int `json:"output_tokens"`
 	CacheCreationTokens *int `json:"cache_creation_input_tokens"`
+	QueryCost           *int `json:"-"`
 }
 
 func (s *usageScan) feed(p []byte) {
@@ -183,46 +196,81 @@ func (s *usageScan) feed(p []byte) {
 			if i == len(p) {
 				return
 			}
-			if p[i] != '{' { // null, or "usage" as a value: not an object
+			p, s.obj = p[i:], s.obj[:0]
+			switch {
+			case s.key == keyUsage && p[0] == '{':
+				s.state, s.depth, s.str, s.esc = scanObject, 0, false, false
+			case s.key == keyQueryCost && '0' <= p[0] && p[0] <= '9':
+				s.state = scanNumber
+			default: // null, or the key as a value: nothing to read
 				s.state = scanKey
-				p = p[i:]
-				continue
 			}
-			s.state, s.depth, s.str, s.esc, s.obj = scanObject, 0, false, false, s.obj[:0]
-			p = p[i:]
 		case scanObject:
 			i := s.object(p)
 			if i < 0 {
 				return
 			}
 			p = p[i:]
+		case scanNumber:
+			i := 0
+			for i < len(p) && ('0' <= p[i] && p[i] <= '9' || p[i] == '.') {
+				i++
+			}
+			if len(s.obj)+i <= 32 {
+				s.obj = append(s.obj, p[:i]...)
+			}
+			if i == len(p) {
+				return
+			}
+			if f, err := strconv.ParseFloat(string(s.obj), 64); err == nil && f <= math.MaxInt32 {
+				if n := int(math.Ceil(f)); s.u.QueryCost == nil || *s.u.QueryCost < n {
+					s.u.QueryCost, s.found = &n, true
+				}
+			}
+			p, s.state = p[i:], scanKey
 		}
 	}
 }
 
-// findKey looks for the usage key in p, or across the end of the last chunk
-// and p's start; it returns the index in p after the key, or false when p
+// findKey looks for a key in p, or across the end of the last chunk and
+// p's start; it returns the index in p after the key, or false when p
 // holds none (and keeps p's end, which may start one).
 func (s *usageScan) findKey(p []byte) (int, bool) {
 	if s.nc > 0 {
-		var tmp [2 * len(usageKeyLit)]byte
+		var tmp [2 * maxKeyLen]byte
 		n := copy(tmp[:], s.carry[:s.nc])
-		m := copy(tmp[n:], p[:min(len(p), len(usageKey)-1)])
-		if i := bytes.Index(tmp[:n+m], usageKey); i >= 0 {
-			s.nc = 0
-			return i + len(usageKey) - n, true
+		m := copy(tmp[n:], p[:min(len(p), maxKeyLen-1)])
+		if i, k := indexKey(tmp[:n+m]); i >= 0 && i < n {
+			s.nc, s.key = 0, k
+			return i + len(scanKeys[k]) - n, true
 		}
 		if m == len(p) { // p is short: the carry is the end of carry and p
+			if i, k := indexKey(p); i >= 0 {
+				s.nc, s.key = 0, k
+				return i + len(scanKeys[k]), true
+			}
 			s.nc = copy(s.carry[:], tmp[max(0, n+m-len(s.carry)):n+m])
 			return 0, false
 		}
 	}
-	if i := bytes.Index(p, usageKey); i >= 0 {
-		s.nc = 0
-		return i + len(usageKey), true
+	if i, k := indexKey(p); i >= 0 {
+		s.nc, s.key = 0, k
+		return i + len(scanKeys[k]), true
 	}
 	s.nc = copy(s.carry[:], p[max(0, len(p)-len(s.carry)):])
 	return 0, false
+}
+
+// indexKey returns the index of the first key in b and which key it is,
+// or -1.
+func indexKey(b []byte) (int, int) {
+	at, key := -1, 0
+	for k, kb := range scanKeys {
+		if i := bytes.Index(b, kb); i >= 0 && (at < 0 || i < at) {
+			at, key = i, k
+		}
+	}
+	return at, key
 }
 
 // object reads p into the usage object; it returns the index after the
@@ -286,8 +334,11 @@ func (s *usageScan) merge(obj []byte) {
 // (cache_creation_input_tokens count toward Anthropic's input-tokens limit;
 // its cache reads, for most models, do not); output tokens are
 // completion_tokens or output_tokens; tokens are total_tokens, or input
-// plus output.
+// plus output; points are Shopify GraphQL's actualQueryCost.
 func (s *usageScan) actual(est Cost) (Cost, bool) {
+	if s.state == scanNumber { // the body ended in the number
+		s.feed([]byte{' '})
+	}
 	if !s.found {
 		return est, false
 	}
@@ -315,6 +366,9 @@ func (s *usageScan) actual(est Cost) (Cost, bool) {
 		c.Tokens = *s.u.TotalTokens
 	case hasIn && out != nil:
 		c.Tokens = *in + *out
+	}
+	if s.u.QueryCost != nil {
+		c.Points = *s.u.QueryCost
 	}
 	return c, true
 }

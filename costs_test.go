@@ -23,6 +23,8 @@ const (
 	openAIStream = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n" +
 		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7,\"total_tokens\":19}}\n\n" +
 		"data: [DONE]\n\n"
+	shopifyBody = `{"data":{"products":{"edges":[]}},"extensions":{"cost":{"requestedQueryCost":52,"actualQueryCost":12,` +
+		`"throttleStatus":{"maximumAvailable":1000.0,"currentlyAvailable":988,"restoreRate":50.0}}}}`
 	anthropicBody   = `{"id":"msg_1","type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":25,"cache_creation_input_tokens":5,"cache_read_input_tokens":100,"output_tokens":13}}`
 	anthropicStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
 		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n" +
@@ -49,6 +51,9 @@ func TestUsageScan(t *testing.T) {
 		{"negative counts", `{"usage":{"prompt_tokens":-5}}`, est, false},
 		{"too long", `{"usage":{"x":"` + strings.Repeat("a", maxUsageObject) + `","prompt_tokens":3}}`, est, false},
 		{"only output", `{"usage":{"output_tokens":8}}`, Cost{Requests: 1, Tokens: 500, InputTokens: 100, OutputTokens: 8}, true},
+		{"shopify graphql", shopifyBody, Cost{Requests: 1, Tokens: 500, InputTokens: 100, OutputTokens: 400, Points: 12}, true},
+		{"shopify cost at the end", `{"actualQueryCost":7.5`, Cost{Requests: 1, Tokens: 500, InputTokens: 100, OutputTokens: 400, Points: 8}, true},
+		{"shopify cost null", `{"actualQueryCost":null}`, est, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for split := 0; split <= len(tc.body); split++ {
@@ -72,7 +77,7 @@ func TestUsageScan(t *testing.T) {
 // FuzzUsageScan: any body, in any two pieces, reads as it does whole, and
 // nothing panics.
 func FuzzUsageScan(f *testing.F) {
-	for _, b := range []string{openAIBody, openAIStream, anthropicBody, anthropicStream, `{"usage":{"prompt_tokens":1e99}}`, `"usage":{"a":"\"}"}`, `"usage"`} {
+	for _, b := range []string{openAIBody, openAIStream, anthropicBody, anthropicStream, shopifyBody, `"actualQueryCost": 3`, `{"usage":{"prompt_tokens":1e99}}`, `"usage":{"a":"\"}"}`, `"usage"`} {
 		f.Add(b, uint16(len(b)/2))
 	}
 	f.Fuzz(func(t *testing.T, body string, split uint16) {

@@ -303,7 +303,7 @@ func scopeRank(sc Scope) int {
 // Limit and Remaining, the higher Used, the later Reset). So Quotas holds
 // one Quota per dimension, name and window.
 func (s *Signal) AddQuota(q Quota) {
-	if q.Dimension > OutputTokens {
+	if q.Dimension > Points {
 		return
 	}
 	q.Limit, q.HasLimit = checkAmount(q.Limit, q.HasLimit)

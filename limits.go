@@ -19,6 +19,7 @@ type Cost struct {
 	Tokens       int // input and output together
 	InputTokens  int
 	OutputTokens int
+	Points       int // a query's calculated cost (Shopify GraphQL)
 }
 
 // Of returns the cost in dimension d.
@@ -32,13 +33,15 @@ func (c Cost) Of(d Dimension) int {
 		return c.InputTokens
 	case OutputTokens:
 		return c.OutputTokens
+	case Points:
+		return c.Points
 	}
 	return 0
 }
 
 // negative returns the first dimension with a negative cost.
 func (c Cost) negative() (Dimension, bool) {
-	for d := Requests; d <= OutputTokens; d++ {
+	for d := Requests; d <= Points; d++ {
 		if c.Of(d) < 0 {
 			return d, true
 		}
@@ -107,8 +110,8 @@ func (l Limit) String() string {
 
 func (l Limit) validate(i int) error {
 	op := fmt.Sprintf("NewLimits: limit %d (%s)", i, l.dim)
-	if l.dim > OutputTokens {
-		return configError(op+": dimension", int(l.dim), "is not one of Requests, Tokens, InputTokens, OutputTokens")
+	if l.dim > Points {
+		return configError(op+": dimension", int(l.dim), "is not one of Requests, Tokens, InputTokens, OutputTokens, Points")
 	}
 	if l.window {
 		if l.n < 1 {

@@ -125,6 +125,8 @@ const (
 	Tokens                        // tokens, input and output together
 	InputTokens                   // input (prompt) tokens
 	OutputTokens                  // output (completion) tokens
+	// Points are a query's calculated cost (Shopify GraphQL's cost points).
+	Points
 )
 
 // String returns the dimension's name.
@@ -138,6 +140,8 @@ func (d Dimension) String() string {
 		return "input-tokens"
 	case OutputTokens:
 		return "output-tokens"
+	case Points:
+		return "points"
 	}
 	return "dimension(?)"
 }
