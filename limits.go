@@ -179,8 +179,9 @@ type Limits struct {
 // limitState is one key's state of one limit: a bucket's tat, or a
 // window's grants.
 type limitState struct {
-	tat time.Time // a bucket's theoretical arrival time: full when ≤ now
-	log grantLog  // a window's grants
+	tat  time.Time // a bucket's theoretical arrival time: full when ≤ now
+	last time.Time // a bucket's latest turn given
+	log  grantLog  // a window's grants
 }
 
 func (s *limitState) atRest(now time.Time) bool {
@@ -329,12 +330,27 @@ func (s *limitState) take(lim *Limit, c int, at time.Time) {
 		return
 	}
 	s.tat = maxTime(s.tat, at).Add(durationOf(c, lim.rate))
+	s.last = maxTime(s.last, at)
+}
+
+// refund gives a bucket back units of a grant whose turn was at, less
+// what the turns given after it took: their turns were placed behind its
+// cost, and giving that back too would let a new grant share their
+// instant (x/time/rate's Reservation.Cancel does the same).
+func (s *limitState) refund(lim *Limit, units int, at, now time.Time) {
+	back := float64(units) - lim.rate.PerSecond()*s.last.Sub(at).Seconds()
+	if back <= 0 {
+		return
+	}
+	d := time.Duration(back * float64(lim.rate.per) / lim.rate.n) // rounded down
+	s.tat = maxTime(s.tat.Add(-d), now)
 }
 
 // Settle charges or refunds each limit the difference between the cost g
 // was granted and actual, the request's actual cost (a cancelled request
 // settles at Cost{}: it takes nothing). A bucket refunds no further than
-// full; a window counts the difference at g's turn, and forgets it once
+// full, and less what the turns given after g's took (see refund); a
+// window counts the difference at g's turn, exactly, and forgets it once
 // that turn has left the window. A charge is counted as at most the
 // limit's burst or n. A grant settles once; settling a key the
 // limits no longer hold (its turn long gone) does nothing.
@@ -369,9 +385,11 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 				s.log.insert(g.At, to) // a cost of 0 took no entry
 			}
 		case to > from:
-			s.tat = maxTime(s.tat, now).Add(durationOf(to-from, lim.rate))
+			// Charged as a grant of the difference now: a later refund
+			// of an earlier grant counts it among the turns after.
+			s.take(lim, to-from, now)
 		default:
-			s.tat = maxTime(s.tat.Add(-durationOf(from-to, lim.rate)), now)
+			s.refund(lim, from-to, g.At, now)
 		}
 	}
 }
