@@ -82,18 +82,18 @@ func (t *Transport) costOf(req *http.Request, key string) (Cost, error) {
 // settle settles the attempt granted g once its cost is known: at once for
 // a throttled attempt (no tokens), at the end of the body for one whose
 // body may tell its usage. It returns the response to hand on.
-func (t *Transport) settle(g Grant, resp *http.Response, err error, s *Signal) *http.Response {
-	if g.At.IsZero() || err != nil || resp == nil {
+func (t *Transport) settle(g *Grant, resp *http.Response, err error, s *Signal) *http.Response {
+	if t.costLimiter == nil || g.At.IsZero() || err != nil || resp == nil {
 		return resp
 	}
 	if s.throttled() {
-		t.costLimiter.Settle(g, Cost{Requests: g.Cost.Requests})
+		t.costLimiter.Settle(*g, Cost{Requests: g.Cost.Requests})
 		return resp
 	}
 	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
 		return resp
 	}
-	resp.Body = &usageBody{ReadCloser: resp.Body, grant: g, lim: t.costLimiter}
+	resp.Body = &usageBody{ReadCloser: resp.Body, grant: *g, lim: t.costLimiter}
 	return resp
 }
 

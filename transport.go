@@ -377,8 +377,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	backoff := FullJitter{Rand: t.rand}
 	r := req
+	var grant Grant // an attempt's, with WithCosts
 	for attempt := 1; ; attempt++ {
-		release, grant, err := t.enter(r.Context(), key, cost)
+		release, err := t.enter(r.Context(), key, &cost, &grant)
 		if err != nil {
 			return nil, t.reject(r, key, err)
 		}
@@ -391,7 +392,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
 		sig, dec := t.learn(r, key, resp, sentAt, others)
-		resp = t.settle(grant, resp, err, &sig)
+		resp = t.settle(&grant, resp, err, &sig)
 		delay, next := t.plan(req, key, attempt, resp, err, &sig, dec, start, &backoff)
 		switch next {
 		case stop:
@@ -425,22 +426,21 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 // when the Transport caps them, then for the limiter (and the key's hold).
 // release frees the slot; it is nil when there is none. In shadow mode it
 // reports instead of waiting.
-func (t *Transport) enter(ctx context.Context, key string, cost Cost) (release func(), g Grant, err error) {
+func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant) (release func(), err error) {
 	if t.shadow {
-		release, g = t.shadowEnter(ctx, key, cost)
-		return release, g, nil
+		return t.shadowEnter(ctx, key, cost, g), nil
 	}
 	release, waited, err := t.takeSlot(ctx, key)
 	if err != nil {
-		return nil, Grant{}, err
+		return nil, err
 	}
-	if g, err = t.admit(ctx, key, cost, waited); err != nil {
+	if err := t.admit(ctx, key, cost, waited, g); err != nil {
 		if release != nil {
 			release()
 		}
-		return nil, Grant{}, err
+		return nil, err
 	}
-	return release, g, nil
+	return release, nil
 }
 
 // shadowEnter asks each part that may delay an attempt what it would do,
@@ -449,7 +449,7 @@ func (t *Transport) enter(ctx context.Context, key string, cost Cost) (release f
 // would; release frees it. A limiter that can reserve without waiting
 // (TokenBucket) grants the attempt its turn as if it waited; any other is
 // asked whether capacity is there at once, and takes none when it is not.
-func (t *Transport) shadowEnter(ctx context.Context, key string, c Cost) (release func(), g Grant) {
+func (t *Transport) shadowEnter(ctx context.Context, key string, c *Cost, g *Grant) (release func()) {
 	cost := c.Requests
 	const now = time.Nanosecond // a maximum wait that only capacity there at once meets
 	var wait time.Duration
@@ -473,9 +473,8 @@ func (t *Transport) shadowEnter(ctx context.Context, key string, c Cost) (releas
 			refused = err
 		}
 		wait += d
-	} else if t.limiter != nil && c != (Cost{}) && refused == nil {
-		var err error
-		g, _, err = t.wait(ctx, key, c, now)
+	} else if t.limiter != nil && *c != (Cost{}) && refused == nil {
+		_, err := t.wait(ctx, key, c, now, g)
 		var le *LimitError
 		switch {
 		case errors.As(err, &le) && (le.Reason == ReasonMaxWait || le.Reason == ReasonDeadline):
@@ -492,7 +491,7 @@ func (t *Transport) shadowEnter(ctx context.Context, key string, c Cost) (releas
 	if (wait > 0 || refused != nil) && t.obs.OnShadow != nil {
 		t.obs.OnShadow(key, wait, refused)
 	}
-	return release, g
+	return release
 }
 
 // takeSlot takes one of key's in-flight slots, when the Transport caps
@@ -512,25 +511,25 @@ func (t *Transport) takeSlot(ctx context.Context, key string) (release func(), w
 // deadline and what is left of the maximum wait after waited. A limiter
 // that is a Learner holds its keys itself; otherwise the Transport waits
 // out its own hold of the key first.
-func (t *Transport) admit(ctx context.Context, key string, cost Cost, waited time.Duration) (g Grant, err error) {
+func (t *Transport) admit(ctx context.Context, key string, cost *Cost, waited time.Duration, g *Grant) error {
 	for {
 		if t.holds != nil {
 			if d, now := t.holds.remaining(key); d > 0 {
 				if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost.Requests, d); e != nil {
-					return Grant{}, e
+					return e
 				}
 				if err := sleep(ctx, t.clock, d); err != nil {
-					return Grant{}, err
+					return err
 				}
 				waited += d
 			}
 		}
-		if t.limiter == nil || cost == (Cost{}) {
+		if t.limiter == nil || *cost == (Cost{}) {
 			break
 		}
-		var w time.Duration
-		if g, w, err = t.wait(ctx, key, cost, remaining(t.maxWait, waited)); err != nil {
-			return Grant{}, err
+		w, err := t.wait(ctx, key, cost, remaining(t.maxWait, waited), g)
+		if err != nil {
+			return err
 		}
 		waited += w
 		if t.holds == nil {
@@ -540,24 +539,24 @@ func (t *Transport) admit(ctx context.Context, key string, cost Cost, waited tim
 			break
 		}
 		if t.costLimiter != nil {
-			t.costLimiter.Settle(g, Cost{}) // held meanwhile: waits again
+			t.costLimiter.Settle(*g, Cost{}) // held meanwhile: waits again
 		}
 	}
 	if waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
 	}
-	return g, nil
+	return nil
 }
 
 // wait asks the limiter for cost: in dimensions when the Transport counts
-// them (WithCosts), with the grant to settle; else in requests.
-func (t *Transport) wait(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, time.Duration, error) {
+// them (WithCosts), into g, the grant to settle; else in requests.
+func (t *Transport) wait(ctx context.Context, key string, cost *Cost, maxWait time.Duration, g *Grant) (time.Duration, error) {
 	if t.costLimiter != nil {
-		g, err := t.costLimiter.WaitCost(ctx, key, cost, maxWait)
-		return g, g.Waited, err
+		var err error
+		*g, err = t.costLimiter.WaitCost(ctx, key, *cost, maxWait)
+		return g.Waited, err
 	}
-	w, err := t.limiter.Wait(ctx, key, cost.Requests, maxWait)
-	return Grant{}, w, err
+	return t.limiter.Wait(ctx, key, cost.Requests, maxWait)
 }
 
 // learn reads what resp says about key's limit and hands it to the key's
