@@ -170,7 +170,8 @@ func (l *Limit) key(key string) string {
 type Limits struct {
 	limits []Limit
 	clock  clock.Clock
-	holds  *holds // the keys' holds, kept as a Transport's own
+	holds  *holds        // the keys' holds, kept as a Transport's own
+	margin time.Duration // added to each window's length: see NewLimits
 
 	mu     sync.Mutex
 	states []keyed[*limitState] // one map per limit; guarded by mu
@@ -193,6 +194,11 @@ func (s *limitState) atRest(now time.Time) bool {
 
 // NewLimits returns the limits enforced together. It needs at least one; a
 // window needs n ≥ 1 and w > 0, a bucket a valid rate and a burst ≥ 1.
+//
+// A window keeps a transit margin of 5 ms: a unit comes back 5 ms after its
+// grant leaves the window, so that a request that travels faster than the
+// one a window before it does not reach the provider while that one is
+// still in the provider's window.
 func NewLimits(limits ...Limit) (*Limits, error) {
 	if len(limits) == 0 {
 		return nil, configError("NewLimits: limits", "none", "give at least one")
@@ -202,7 +208,7 @@ func NewLimits(limits ...Limit) (*Limits, error) {
 			return nil, err
 		}
 	}
-	l := &Limits{limits: append([]Limit(nil), limits...), clock: clock.Real{}}
+	l := &Limits{limits: append([]Limit(nil), limits...), clock: clock.Real{}, margin: jitterTolerance}
 	l.holds = newHolds(&l.clock)
 	l.states = make([]keyed[*limitState], len(limits))
 	for i := range l.states {
@@ -304,7 +310,9 @@ func (l *Limits) state(i int, key string, now time.Time) *limitState {
 	s, ok := l.states[i].get(k, now)
 	if !ok {
 		s = &limitState{}
-		s.log.w = lim.w
+		if lim.window {
+			s.log.w = lim.w + l.margin
+		}
 		l.states[i].put(k, s)
 	}
 	if lim.window {
@@ -381,7 +389,7 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 		case lim.window:
 			if from > 0 {
 				s.log.adjust(g.At, from, to) // gone from the log: its turn has left the window
-			} else if g.At.Add(lim.w).After(now) {
+			} else if g.At.Add(s.log.w).After(now) {
 				s.log.insert(g.At, to) // a cost of 0 took no entry
 			}
 		case to > from:
@@ -428,18 +436,32 @@ func (l *Limits) Learn(ctx context.Context, key string, s Signal) Decision {
 	return d
 }
 
+// capParts is how many parts a bucket provider's excess leaves in.
+const capParts = 8
+
 // cap lowers the limit's room at now to keep units, when it has more: a
 // bucket owes what it has above keep; a window takes a grant of the excess
 // that leaves it at the provider's reset, or with the window.
 func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 	if lim.window {
 		room := lim.n - s.log.sum
-		if excess := room - int(math.Ceil(keep)); excess > 0 {
-			at := now
-			if q.HasReset && q.Reset < lim.w {
-				at = now.Add(q.Reset - lim.w)
-			}
-			s.log.insert(at, excess)
+		excess := room - int(math.Ceil(keep))
+		if excess <= 0 {
+			return
+		}
+		reset := s.log.w
+		if q.HasReset && q.Reset < reset {
+			reset = q.Reset
+		}
+		// A bucket provider gives its units back as it refills, not all
+		// at its reset: the excess leaves in parts, evenly until then.
+		parts := 1
+		if q.Kind == ResetKindBucket {
+			parts = min(capParts, excess)
+		}
+		for i := 1; i <= parts; i++ {
+			n := excess*i/parts - excess*(i-1)/parts
+			s.log.insert(now.Add(reset*time.Duration(i)/time.Duration(parts)-s.log.w), n)
 		}
 		return
 	}

@@ -15,6 +15,7 @@ func newLimitsOnFake(t testing.TB, limits ...Limit) (*Limits, *clock.Fake) {
 	require.NoError(t, err)
 	fc := clock.NewFake(limiterEpoch)
 	l.clock = fc
+	l.margin = 0 // the step tables count exact windows; TestLimitsWindowMargin has the margin
 	return l, fc
 }
 
@@ -261,4 +262,34 @@ func TestLimitsLearn(t *testing.T) {
 		waits = append(waits, w)
 	}
 	assert.Equal(t, []time.Duration{0, 0, 100 * time.Millisecond}, waits)
+}
+
+// TestLimitsWindowMargin: a window's unit comes back 5 ms after its grant
+// leaves the window.
+func TestLimitsWindowMargin(t *testing.T) {
+	l, err := NewLimits(WindowOf(Requests, 1, time.Second))
+	require.NoError(t, err)
+	l.clock = clock.NewFake(limiterEpoch)
+	_, _, err = reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+	require.NoError(t, err)
+	d, _, err := reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, time.Second+5*time.Millisecond, d)
+}
+
+// TestLimitsLearnBucketRefills: a bucket provider's count comes back as
+// it refills: the excess over its remaining leaves the window in parts
+// until its reset, not all at once.
+func TestLimitsLearnBucketRefills(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Tokens, 800, time.Second))
+	now := fc.Now()
+	l.Learn(context.Background(), "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{
+		{Dimension: Tokens, Remaining: 0, HasRemaining: true, Reset: 800 * time.Millisecond, HasReset: true, Kind: ResetKindBucket},
+	}})
+	d, _, err := reserveIn(t, l, "k", Cost{Tokens: 100}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 100*time.Millisecond, d, "an eighth of the excess is back an eighth of the reset later")
+	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 700}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 800*time.Millisecond, d, "the whole of it at the reset")
 }
