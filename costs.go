@@ -9,6 +9,8 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -36,9 +38,10 @@ type CostLimiter interface {
 // settles each attempt once its response tells: the usage object of an
 // OpenAI, Azure OpenAI, Groq or Anthropic body, or Shopify GraphQL's
 // actualQueryCost (in Points), read as the body streams by, JSON or
-// server-sent events, at its end. A throttled attempt (429,
-// 503) settles its tokens at 0: the provider ran nothing. An attempt that
-// failed, or whose body the caller closes before its end, keeps its
+// server-sent events, at its end (see usageBody). A throttled attempt (a
+// 429, a 503 with a Retry-After, GitHub's 403 throttle) settles its tokens
+// at 0: the provider ran nothing. An attempt that failed, or whose body the
+// caller closes before its usage is complete, keeps its
 // estimate. A nil function is an error.
 func WithCosts(estimate func(*http.Request) Cost) Option {
 	return optionFunc(func(c *config) {
@@ -79,61 +82,95 @@ func (t *Transport) costOf(req *http.Request, key string) (Cost, error) {
 	return c, nil
 }
 
-// settle settles the attempt granted g once its cost is known: at once for
-// a throttled attempt (no tokens), at the end of the body for one whose
-// body may tell its usage. It returns the response to hand on.
-func (t *Transport) settle(g *Grant, resp *http.Response, err error, s *Signal) *http.Response {
-	if t.costLimiter == nil || g.At.IsZero() || err != nil || resp == nil {
-		return resp
+// settleThrottled settles a throttled attempt granted g at no tokens (the
+// provider ran nothing), before the counts its response carries teach the
+// limiter: the room they leave is the provider's, with this attempt's
+// estimate already given back.
+func (t *Transport) settleThrottled(g *Grant, s *Signal) {
+	if t.costLimiter == nil || g.At.IsZero() || !s.throttled() {
+		return
 	}
-	if s.throttled() {
-		t.costLimiter.Settle(*g, Cost{Requests: g.Cost.Requests})
+	t.costLimiter.Settle(*g, Cost{Requests: g.Cost.Requests})
+	*g = Grant{} // settled
+}
+
+// settle settles the attempt granted g once its response tells its cost,
+// at the end of the body (see usageBody). It returns the response to hand
+// on.
+func (t *Transport) settle(g *Grant, resp *http.Response, err error) *http.Response {
+	if t.costLimiter == nil || g.At.IsZero() || err != nil || resp == nil {
 		return resp
 	}
 	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
 		return resp
 	}
-	resp.Body = &usageBody{ReadCloser: resp.Body, grant: *g, lim: t.costLimiter}
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	resp.Body = &usageBody{ReadCloser: resp.Body, grant: *g, lim: t.costLimiter, sse: sse}
 	return resp
 }
 
 // usageBody reads the usage objects of a body as the caller reads it, and
-// settles its grant at the body's end. The caller's bytes pass unchanged.
+// settles its grant at the body's end: when a read returns io.EOF, or when
+// the caller closes it after the usage is complete (a JSON body whose usage
+// object was read whole; a stream after its end, OpenAI's "[DONE]" or
+// Anthropic's message_stop, as the SDKs stop reading there). A body closed
+// before then keeps its estimate: a stream cut short tells only part of its
+// usage. The caller's bytes pass unchanged.
 type usageBody struct {
 	io.ReadCloser
 	grant Grant
 	lim   CostLimiter
-	scan  usageScan
+	sse   bool // a server-sent-event stream
 	done  atomic.Bool
+
+	mu   sync.Mutex // guards scan against a Close during a Read
+	scan usageScan
 }
 
 func (b *usageBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 && !b.done.Load() {
+		b.mu.Lock()
 		b.scan.feed(p[:n])
+		b.mu.Unlock()
 	}
-	if err == io.EOF && b.done.CompareAndSwap(false, true) {
-		if actual, ok := b.scan.actual(b.grant.Cost); ok {
-			b.lim.Settle(b.grant, actual)
-		}
+	if err == io.EOF {
+		b.settle(true)
 	}
 	return n, err
 }
 
-// Close closes the body; a body closed before its end keeps its estimate.
+// Close closes the body, and settles it when its usage is complete.
 func (b *usageBody) Close() error {
-	b.done.Store(true)
+	b.settle(false)
 	return b.ReadCloser.Close()
+}
+
+// settle settles the grant once, at the body's end (eof) or at its close.
+func (b *usageBody) settle(eof bool) {
+	if !b.done.CompareAndSwap(false, true) {
+		return
+	}
+	b.mu.Lock()
+	complete := eof || b.scan.state == scanKey && (b.sse && b.scan.ended || !b.sse)
+	actual, ok := b.scan.actual(b.grant.Cost)
+	b.mu.Unlock()
+	if ok && complete {
+		b.lim.Settle(b.grant, actual)
+	}
 }
 
 // The keys the scan looks for: a usage object (OpenAI, Anthropic), and
 // Shopify GraphQL's actual query cost (extensions.cost.actualQueryCost),
 // a number.
-var scanKeys = [...][]byte{[]byte(`"usage"`), []byte(`"actualQueryCost"`)}
+// The end of a stream is OpenAI's "[DONE]" or Anthropic's message_stop.
+var scanKeys = [...][]byte{[]byte(`"usage"`), []byte(`"actualQueryCost"`), []byte(`[DONE]`), []byte(`"message_stop"`)}
 
 const (
 	keyUsage = iota
 	keyQueryCost
+	keyDone
+	keyMessageStop
 	maxKeyLen = len(`"actualQueryCost"`)
 )
 
@@ -157,6 +194,7 @@ type usageScan struct {
 	esc   bool // after a backslash in that string
 	u     usage
 	found bool
+	ended bool // a stream's end was read
 }
 
 const (
@@ -187,7 +225,12 @@ func (s *usageScan) feed(p []byte) {
 			if !ok {
 				return
 			}
-			p, s.state = p[i:], scanColon
+			p = p[i:]
+			if s.key == keyDone || s.key == keyMessageStop {
+				s.ended = true
+				continue
+			}
+			s.state = scanColon
 		case scanColon:
 			i := 0
 			for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r' || p[i] == ':') {

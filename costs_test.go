@@ -1,7 +1,9 @@
 package egress
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -200,4 +202,88 @@ func TestLLMCost(t *testing.T) {
 	assert.Equal(t, Cost{Requests: 1}, LLMCost(req), "no body: the request only")
 	req, _ = http.NewRequest(http.MethodPost, "https://x/", io.NopCloser(strings.NewReader(body)))
 	assert.Equal(t, Cost{Requests: 1}, LLMCost(req), "no GetBody: the body is the caller's, unread")
+}
+
+// slowEnd answers with contentType and body, flushed, and ends the body only
+// after a pause: a caller that closes at the end of the content does so
+// before it reads io.EOF. With status 429 it sends OpenAI's tokens headers
+// with nothing remaining.
+func slowEnd(t *testing.T, contentType, body string, status int) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", contentType)
+		if status != http.StatusOK {
+			w.Header().Set("x-ratelimit-limit-tokens", "1000")
+			w.Header().Set("x-ratelimit-remaining-tokens", "0")
+			w.Header().Set("x-ratelimit-reset-tokens", "30s")
+			w.WriteHeader(status)
+		}
+		fmt.Fprint(w, body)
+		w.(http.Flusher).Flush()
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestTransportSettlesOnClose: a caller that stops reading where the
+// content ends (an SDK at a stream's "[DONE]", a JSON decoder) and closes
+// the body settles its usage; one that closes a stream before its end
+// keeps its estimate.
+func TestTransportSettlesOnClose(t *testing.T) {
+	for _, tc := range []struct {
+		name, contentType, body string
+		read                    func(io.Reader)
+		want                    int
+	}{
+		{"stream to [DONE]", "text/event-stream", openAIStream, func(r io.Reader) {
+			sc := bufio.NewScanner(r)
+			for sc.Scan() && sc.Text() != "data: [DONE]" {
+			}
+		}, 19},
+		{"json decoded", "application/json", openAIBody + "\n", func(r io.Reader) {
+			var v map[string]any
+			json.NewDecoder(r).Decode(&v)
+		}, 29},
+		{"stream cut short", "text/event-stream", strings.TrimSuffix(openAIStream, "data: [DONE]\n\n"), func(r io.Reader) {
+			sc := bufio.NewScanner(r)
+			sc.Scan() // closed before the stream's end
+		}, 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim, err := NewLimits(WindowOf(Tokens, 1000, time.Hour))
+			require.NoError(t, err)
+			srv := slowEnd(t, tc.contentType, tc.body, http.StatusOK)
+			tr, err := New(nil, WithLimiter(lim), WithCosts(func(*http.Request) Cost { return Cost{Requests: 1, Tokens: 300} }))
+			require.NoError(t, err)
+			resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+			require.NoError(t, err)
+			tc.read(resp.Body)
+			resp.Body.Close()
+			lim.mu.Lock()
+			defer lim.mu.Unlock()
+			assert.Equal(t, tc.want, lim.states[0].m[strings.TrimPrefix(srv.URL, "http://")].log.sum)
+		})
+	}
+}
+
+// TestTransportSettlesBeforeLearning: a 429 that says no tokens remain
+// leaves the window full: its own estimate is given back before the count
+// caps the window, not after.
+func TestTransportSettlesBeforeLearning(t *testing.T) {
+	lim, err := NewLimits(WindowOf(Tokens, 1000, time.Minute))
+	require.NoError(t, err)
+	srv := slowEnd(t, "application/json", `{"error":{"code":"rate_limit_exceeded"}}`, http.StatusTooManyRequests)
+	tr, err := New(nil, WithLimiter(lim), WithCosts(func(*http.Request) Cost { return Cost{Requests: 1, Tokens: 300} }))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Transport: tr}).Get(srv.URL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	lim.mu.Lock()
+	defer lim.mu.Unlock()
+	assert.Equal(t, 1000, lim.states[0].m[strings.TrimPrefix(srv.URL, "http://")].log.sum)
 }

@@ -114,8 +114,8 @@ func (l Limit) validate(i int) error {
 		return configError(op+": dimension", int(l.dim), "is not one of Requests, Tokens, InputTokens, OutputTokens, Points")
 	}
 	if l.window {
-		if l.n < 1 {
-			return configError(op+": n", l.n, "must be at least 1")
+		if l.n < 1 || l.n > math.MaxInt32 {
+			return configError(op+": n", l.n, "must be from 1 to 2147483647")
 		}
 		if l.w <= 0 {
 			return configError(op+": window", l.w, "must be positive")
@@ -150,7 +150,7 @@ func (l *Limit) key(key string) string {
 //
 // Each limit keeps one state per key: a token bucket (its theoretical
 // arrival time, the GCRA arithmetic of the shared limiters' scripts) or a
-// sliding window (16 bytes per grant still in the window, as WindowLimit).
+// sliding window (28 bytes per grant still in the window, as WindowLimit).
 // The buckets do their own arithmetic rather than use x/time/rate's,
 // because a turn chosen by one limit must be taken at that turn by the
 // others, which x/time/rate's reservations cannot do exactly.
@@ -165,8 +165,8 @@ func (l *Limit) key(key string) string {
 // limiter does (a Retry-After, an exhausted requests quota), and a
 // provider's count in a dimension (remaining tokens, remaining requests
 // less those in flight) caps the room of that dimension's limits: see
-// Learn. It is local (one process) and keeps no transit margin. It is safe
-// for simultaneous use by multiple goroutines.
+// Learn. It is local (one process); its windows keep a transit margin (see
+// NewLimits). It is safe for simultaneous use by multiple goroutines.
 type Limits struct {
 	limits []Limit
 	clock  clock.Clock
@@ -346,6 +346,9 @@ func (s *limitState) take(lim *Limit, c int, at time.Time) {
 // cost, and giving that back too would let a new grant share their
 // instant (x/time/rate's Reservation.Cancel does the same).
 func (s *limitState) refund(lim *Limit, units int, at, now time.Time) {
+	if s.last.Before(at) {
+		return // a state made after the grant (its key was dropped): it holds none of it
+	}
 	back := float64(units) - lim.rate.PerSecond()*s.last.Sub(at).Seconds()
 	if back <= 0 {
 		return
@@ -387,10 +390,16 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 		}
 		switch {
 		case lim.window:
-			if from > 0 {
-				s.log.adjust(g.At, from, to) // gone from the log: its turn has left the window
-			} else if g.At.Add(s.log.w).After(now) {
+			switch {
+			case from > 0 && s.log.adjust(g.At, from, to):
+			case to <= from:
+				// a refund of a turn that has left the window: nothing to give back
+			case g.At.Add(s.log.w).After(now) && from == 0:
 				s.log.insert(g.At, to) // a cost of 0 took no entry
+			default:
+				// Its turn has left the window (a stream longer than it): the
+				// difference counts from now.
+				s.log.insert(now, to-from)
 			}
 		case to > from:
 			// Charged as a grant of the difference now: a later refund
@@ -444,14 +453,21 @@ const capParts = 8
 // that leaves it at the provider's reset, or with the window.
 func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 	if lim.window {
-		room := lim.n - s.log.sum
-		excess := room - int(math.Ceil(keep))
-		if excess <= 0 {
-			return
-		}
 		reset := s.log.w
 		if q.HasReset && q.Reset < reset {
 			reset = q.Reset
+		}
+		// Room that grants leaving before the provider's reset would give
+		// back: a window provider gives nothing back before it, so the
+		// excess counts only the grants that stay past it. A bucket
+		// provider gives back as it refills, as the grants leave.
+		held := s.log.sum
+		if q.Kind != ResetKindBucket {
+			held = s.log.staying(now.Add(reset))
+		}
+		excess := lim.n - held - int(math.Ceil(keep))
+		if excess <= 0 {
+			return
 		}
 		// A bucket provider gives its units back as it refills, not all
 		// at its reset: the excess leaves in parts, evenly until then.

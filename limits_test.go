@@ -174,10 +174,14 @@ func TestLimitsSettle(t *testing.T) {
 	assert.Equal(t, time.Second, d, "full: the next token waits for the first grants to leave")
 
 	fc.Advance(2 * time.Second)
-	l.Settle(g1, Cost{Tokens: 100}) // long gone: nothing
-	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 99}, budget{})
+	l.Settle(g1, Cost{Tokens: 0}) // a refund of a turn long gone: nothing
+	l.Settle(g2, Cost{Tokens: 100}) // a charge of one long gone: its 60 more count from now
+	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 40}, budget{})
 	require.NoError(t, err)
 	assert.Zero(t, d)
+	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 1}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, d)
 
 	b, _ := newLimitsOnFake(t, BucketOf(Tokens, PerSecond(100), 100))
 	_, g, err := reserveIn(t, b, "k", Cost{Tokens: 10}, budget{})
@@ -292,4 +296,55 @@ func TestLimitsLearnBucketRefills(t *testing.T) {
 	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 700}, budget{})
 	require.NoError(t, err)
 	assert.Equal(t, 800*time.Millisecond, d, "the whole of it at the reset")
+}
+
+// TestLimitsReviewCases: a window's cap holds until the provider's reset
+// even when the grants it counted leave first; a stream that outlasts its
+// window is charged from its end; a refund into a key's state made after
+// the grant gives nothing back; a window's n must fit its log.
+func TestLimitsReviewCases(t *testing.T) {
+	ctx := context.Background()
+	t.Run("cap until reset", func(t *testing.T) {
+		l, fc := newLimitsOnFake(t, WindowOf(Tokens, 1000, time.Minute))
+		_, _, err := reserveIn(t, l, "k", Cost{Tokens: 900}, budget{})
+		require.NoError(t, err)
+		fc.Advance(55 * time.Second)
+		now := fc.Now()
+		l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{
+			{Dimension: Tokens, Remaining: 100, HasRemaining: true, Reset: 30 * time.Second, HasReset: true},
+		}})
+		fc.Advance(6 * time.Second) // the 900 have left the window
+		d, _, err := reserveIn(t, l, "k", Cost{Tokens: 500}, budget{})
+		require.NoError(t, err)
+		assert.Equal(t, 24*time.Second, d, "the provider said 100 until its reset")
+	})
+	t.Run("stream longer than its window", func(t *testing.T) {
+		l, fc := newLimitsOnFake(t, WindowOf(OutputTokens, 1000, time.Minute))
+		_, g, err := reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+		require.NoError(t, err)
+		fc.Advance(2 * time.Minute)
+		l.Settle(g, Cost{Requests: 1, OutputTokens: 800})
+		d, _, err := reserveIn(t, l, "k", Cost{OutputTokens: 500}, budget{})
+		require.NoError(t, err)
+		assert.Equal(t, time.Minute, d, "its 800 count from its end")
+	})
+	t.Run("refund into a state made after", func(t *testing.T) {
+		l, fc := newLimitsOnFake(t, BucketOf(Tokens, PerMinute(1000), 1000))
+		_, g, err := reserveIn(t, l, "k", Cost{Tokens: 500}, budget{})
+		require.NoError(t, err)
+		fc.Advance(90 * time.Second)
+		l.mu.Lock()
+		l.states[0].sweep(fc.Now()) // the key at rest is dropped
+		l.mu.Unlock()
+		now := fc.Now()
+		l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{
+			{Dimension: Tokens, Remaining: 0, HasRemaining: true},
+		}})
+		l.Settle(g, Cost{Tokens: 100})
+		d, _, err := reserveIn(t, l, "k", Cost{Tokens: 1000}, budget{})
+		require.NoError(t, err)
+		assert.Equal(t, time.Minute, d, "the provider's 0 stands")
+	})
+	_, err := NewLimits(WindowOf(Tokens, 3_000_000_000, time.Hour))
+	assert.ErrorIs(t, err, ErrInvalidConfig)
 }

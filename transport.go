@@ -391,8 +391,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if t.obs.OnSent != nil {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
-		sig, dec := t.learn(r, key, resp, sentAt, others)
-		resp = t.settle(&grant, resp, err, &sig)
+		sig, dec := t.learn(r, key, resp, sentAt, others, &grant)
+		resp = t.settle(&grant, resp, err)
 		delay, next := t.plan(req, key, attempt, resp, err, &sig, dec, start, &backoff)
 		switch next {
 		case stop:
@@ -563,7 +563,7 @@ func (t *Transport) wait(ctx context.Context, key string, cost *Cost, maxWait ti
 // controller (the limiter's, or the Transport's own holds), which decides
 // what the key does next (inFlight is Signal.InFlight). It reports the
 // holds and rate changes decided, and a key near its limit.
-func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time, inFlight int) (Signal, Decision) {
+func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time, inFlight int, g *Grant) (Signal, Decision) {
 	if resp == nil {
 		return Signal{Now: t.clock.Now(), SentAt: sentAt, InFlight: inFlight}, Decision{}
 	}
@@ -574,6 +574,7 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, se
 		// Retry-After has the pause cap; only a quota's reset may hold longer.
 		sig.RetryAfter, sig.RetryAfterTooLong = t.maxPause, true
 	}
+	t.settleThrottled(g, &sig) // before the counts it carries cap the limits
 	d := t.learner.Learn(req.Context(), key, sig)
 	if !d.Hold.IsZero() && t.obs.OnCooldown != nil {
 		t.obs.OnCooldown(key, d.Hold, d.Err)

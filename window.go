@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -23,9 +24,9 @@ import (
 // nothing (those behind it keep the turns they were given, which stay
 // within the limit).
 //
-// Memory: the limit keeps, per key, one entry (16 bytes) per grant still in
-// the window: at most n entries, so 16·n bytes for a key used to its limit
-// (16 KB for 1,000 per hour); a key's state is dropped once its last grant
+// Memory: the limit keeps, per key, one entry (28 bytes) per grant still in
+// the window: at most n entries, so 28·n bytes for a key used to its limit
+// (28 KB for 1,000 per hour); a key's state is dropped once its last grant
 // has left the window. A cost above n fails at once with ErrCostTooHigh.
 //
 // A WindowLimit is not a Learner: a Transport keeps the holds the provider
@@ -59,8 +60,8 @@ func (g *grantLog) atRest(now time.Time) bool {
 // window w per key. n must be at least 1 and w positive.
 func NewWindowLimit(n int, w time.Duration) (*WindowLimit, error) {
 	const op = "NewWindowLimit"
-	if n < 1 {
-		return nil, configError(op+": n", n, "must be at least 1")
+	if n < 1 || n > math.MaxInt32 {
+		return nil, configError(op+": n", n, "must be from 1 to 2147483647")
 	}
 	if w <= 0 {
 		return nil, configError(op+": window", w, "must be positive")
@@ -145,6 +146,17 @@ func (g *grantLog) add(at time.Time, cost int) {
 	g.at = append(g.at, at)
 	g.cost = append(g.cost, int32(cost))
 	g.sum += cost
+}
+
+// staying returns the costs of the grants still in the window at t.
+func (g *grantLog) staying(t time.Time) int {
+	n := 0
+	for i := g.first; i < len(g.at); i++ {
+		if g.at[i].Add(g.w).After(t) {
+			n += int(g.cost[i])
+		}
+	}
+	return n
 }
 
 // insert records a grant of cost at turn at, in time order (a cost
