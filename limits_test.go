@@ -174,7 +174,7 @@ func TestLimitsSettle(t *testing.T) {
 	assert.Equal(t, time.Second, d, "full: the next token waits for the first grants to leave")
 
 	fc.Advance(2 * time.Second)
-	l.Settle(g1, Cost{Tokens: 0}) // a refund of a turn long gone: nothing
+	l.Settle(g1, Cost{Tokens: 0})   // a refund of a turn long gone: nothing
 	l.Settle(g2, Cost{Tokens: 100}) // a charge of one long gone: its 60 more count from now
 	d, _, err = reserveIn(t, l, "k", Cost{Tokens: 40}, budget{})
 	require.NoError(t, err)
