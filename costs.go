@@ -41,8 +41,8 @@ type CostLimiter interface {
 // server-sent events, at its end (see usageBody). A throttled attempt (a
 // 429, a 503 with a Retry-After, GitHub's 403 throttle) settles its tokens
 // at 0: the provider ran nothing. An attempt that failed, or whose body the
-// caller closes before its usage is complete, keeps its
-// estimate. A nil function is an error.
+// caller closes before its usage is complete, keeps its estimate. A nil
+// function is an error.
 func WithCosts(estimate func(*http.Request) Cost) Option {
 	return optionFunc(func(c *config) {
 		if estimate == nil {
@@ -160,10 +160,10 @@ func (b *usageBody) settle(eof bool) {
 	}
 }
 
-// The keys the scan looks for: a usage object (OpenAI, Anthropic), and
-// Shopify GraphQL's actual query cost (extensions.cost.actualQueryCost),
-// a number.
-// The end of a stream is OpenAI's "[DONE]" or Anthropic's message_stop.
+// The keys the scan looks for: a usage object (OpenAI, Anthropic),
+// Shopify GraphQL's actual query cost (extensions.cost.actualQueryCost, a
+// number), and the end of a stream (OpenAI's "[DONE]", Anthropic's
+// message_stop).
 var scanKeys = [...][]byte{[]byte(`"usage"`), []byte(`"actualQueryCost"`), []byte(`[DONE]`), []byte(`"message_stop"`)}
 
 const (
