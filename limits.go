@@ -452,6 +452,9 @@ const capParts = 8
 // bucket owes what it has above keep; a window takes a grant of the excess
 // that leaves it at the provider's reset, or with the window.
 func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
+	if !(keep < float64(lim.n)) {
+		return // room for the whole limit (or a count too large to read)
+	}
 	if lim.window {
 		reset := s.log.w
 		if q.HasReset && q.Reset < reset {
@@ -482,8 +485,5 @@ func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 		return
 	}
 	// The bucket holds burst − (tat − now)/I units; keep at most keep.
-	owe := now.Add(durationOf(lim.n-int(math.Floor(keep)), lim.rate))
-	if keep < float64(lim.n) {
-		s.tat = maxTime(s.tat, owe)
-	}
+	s.tat = maxTime(s.tat, now.Add(durationOf(lim.n-int(math.Floor(keep)), lim.rate)))
 }

@@ -348,3 +348,15 @@ func TestLimitsReviewCases(t *testing.T) {
 	_, err := NewLimits(WindowOf(Tokens, 3_000_000_000, time.Hour))
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 }
+
+// TestLimitsLearnHugeCount: a count beyond any limit caps nothing.
+func TestLimitsLearnHugeCount(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Tokens, 1000, time.Minute), BucketOf(Tokens, PerSecond(10), 10))
+	now := fc.Now()
+	l.Learn(context.Background(), "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{
+		{Dimension: Tokens, Remaining: 1e300, HasRemaining: true, Reset: time.Second, HasReset: true},
+	}})
+	d, _, err := reserveIn(t, l, "k", Cost{Tokens: 10}, budget{})
+	require.NoError(t, err)
+	assert.Zero(t, d)
+}
