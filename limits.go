@@ -275,16 +275,21 @@ func (l *Limits) reserve(key string, cost Cost, b budget) (Grant, time.Time, err
 			return Grant{}, now, e
 		}
 	}
+	var buf [4]*limitState
+	states := buf[:0] // the states of the limits, nil where the cost is 0
 	for i := range l.limits {
 		lim := &l.limits[i]
 		c := cost.Of(lim.dim)
 		if c == 0 {
+			states = append(states, nil)
 			continue
 		}
 		if c > lim.n {
 			return Grant{}, now, &LimitError{Key: key, Cost: c, Reason: ReasonCostTooHigh}
 		}
-		if t := l.state(i, key, now).earliest(lim, c, now); t.After(at) {
+		st := l.state(i, key, now)
+		states = append(states, st)
+		if t := st.earliest(lim, c, now); t.After(at) {
 			at, binding = t, i
 		}
 	}
@@ -294,10 +299,9 @@ func (l *Limits) reserve(key string, cost Cost, b budget) (Grant, time.Time, err
 			return Grant{}, now, e
 		}
 	}
-	for i := range l.limits {
-		lim := &l.limits[i]
-		if c := cost.Of(lim.dim); c > 0 {
-			l.state(i, key, now).take(lim, c, at)
+	for i, st := range states {
+		if st != nil {
+			st.take(&l.limits[i], cost.Of(l.limits[i].dim), at)
 		}
 	}
 	return Grant{Key: key, Cost: cost, At: at}, now, nil
