@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/egress-go/egress/bench/internal/benchkit"
 	"github.com/egress-go/egress/internal/fakeapi"
 )
 
@@ -67,13 +67,13 @@ func TestFleetScenarios(t *testing.T) {
 	}
 	goroutines := runtime.NumGoroutine()
 	var out strings.Builder
-	fmt.Fprintf(&out, "## Fleet scenarios\n\n%s\n", machine())
+	fmt.Fprintf(&out, "## Fleet scenarios\n\n%s\n", benchkit.Machine())
 
 	fleet := fleetTable(t)
 	fmt.Fprintf(&out, "\n### The right limit configured\n\n%s\n%s\n", fleetIntro(), fleet)
 	misconf := misconfiguredTable(t)
 	fmt.Fprintf(&out, "\n### A limit configured at twice the real one\n\n%s\n%s\n", misconfiguredIntro(), misconf)
-	fmt.Fprintf(&out, "\nLoad after the run: %s\n", loadAvg())
+	fmt.Fprintf(&out, "\nLoad after the run: %s\n", benchkit.LoadAvg())
 
 	t.Logf("\n%s", out.String())
 	if path := os.Getenv("EGRESS_FLEET_OUT"); path != "" {
@@ -81,7 +81,7 @@ func TestFleetScenarios(t *testing.T) {
 			t.Errorf("EGRESS_FLEET_OUT: %v", err)
 		}
 	}
-	checkGoroutines(t, goroutines)
+	benchkit.CheckGoroutines(t, goroutines, goroutineLeakGrace)
 }
 
 func fleetIntro() string {
@@ -116,12 +116,12 @@ func fleetTable(t *testing.T) string {
 			}
 			o := runRow(t, l.name+"/"+st.name, sc)
 			rows = append(rows, []string{
-				l.name, st.name, count(o.calls), count(o.failed), count(o.accepted), count(o.limited), count(o.upstream),
-				count(o.maxPerSecond), ms(o.p50), ms(o.p99), secs(o.elapsed), percent(o.utilisation(providerRate)),
+				l.name, st.name, benchkit.Count(o.calls), benchkit.Count(o.failed), benchkit.Count(o.accepted), benchkit.Count(o.limited), benchkit.Count(o.upstream),
+				benchkit.Count(o.maxPerSecond), benchkit.Ms(o.p50), benchkit.Ms(o.p99), benchkit.Secs(o.elapsed), benchkit.Percent(o.utilisation(providerRate)),
 			})
 		}
 	}
-	return markdown(header, rows)
+	return benchkit.Markdown(header, rows)
 }
 
 func misconfiguredTable(t *testing.T) string {
@@ -141,12 +141,12 @@ func misconfiguredTable(t *testing.T) string {
 			endRate = fmt.Sprintf("%.1f/s", o.endRate)
 		}
 		rows = append(rows, []string{
-			m.strategy.name, count(o.limited), count(o.maxLimitedPerSec), count(o.accepted),
-			percent(o.utilisation(providerRate)), count(o.failed) + " / " + count(o.calls), count(o.upstream),
-			count(o.maxPerSecond), endRate, secs(o.elapsed),
+			m.strategy.name, benchkit.Count(o.limited), benchkit.Count(o.maxLimitedPerSec), benchkit.Count(o.accepted),
+			benchkit.Percent(o.utilisation(providerRate)), benchkit.Count(o.failed) + " / " + benchkit.Count(o.calls), benchkit.Count(o.upstream),
+			benchkit.Count(o.maxPerSecond), endRate, benchkit.Secs(o.elapsed),
 		})
 	}
-	return markdown(header, rows)
+	return benchkit.Markdown(header, rows)
 }
 
 // runRow runs sc in a subtest, so that its provider, Redis and pods are
@@ -154,12 +154,12 @@ func misconfiguredTable(t *testing.T) string {
 func runRow(t *testing.T, name string, sc scenario) outcome {
 	var o outcome
 	ok := t.Run(name, func(t *testing.T) {
-		load := loadAvg()
+		load := benchkit.LoadAvg()
 		o = run(t, sc)
 		t.Logf("calls %d, failed %d, accepted %d, 429s %d (busiest 1 s: %d), upstream %d, max accepted/1 s %d, "+
 			"p50 %s, p99 %s, run %s, utilisation %s; load before %s",
 			o.calls, o.failed, o.accepted, o.limited, o.maxLimitedPerSec, o.upstream, o.maxPerSecond,
-			ms(o.p50), ms(o.p99), secs(o.elapsed), percent(o.utilisation(providerRate)), load)
+			benchkit.Ms(o.p50), benchkit.Ms(o.p99), benchkit.Secs(o.elapsed), benchkit.Percent(o.utilisation(providerRate)), load)
 		t.Logf("accepted per second: %v; 429s per second: %v", o.acceptedPerSec, o.limitedPerSec)
 		if o.fallback > 0 {
 			t.Logf("egress switched to its local fallback %d times: Redis was slow or unreachable", o.fallback)
@@ -169,46 +169,4 @@ func runRow(t *testing.T, name string, sc scenario) outcome {
 		t.FailNow()
 	}
 	return o
-}
-
-// checkGoroutines fails the test when more goroutines run than before it,
-// once every scenario has been closed and a grace period has passed.
-func checkGoroutines(t *testing.T, before int) {
-	deadline := time.Now().Add(goroutineLeakGrace)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > before {
-		var b strings.Builder
-		_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
-		t.Errorf("%d goroutines left running (%d before the scenarios):\n%s", n-before, before, b.String())
-	}
-}
-
-// machine describes where the figures were measured.
-func machine() string {
-	model := "unknown CPU"
-	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(data), "\n") {
-			if name, ok := strings.CutPrefix(line, "model name"); ok {
-				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), ":"))
-				break
-			}
-		}
-	}
-	return fmt.Sprintf("%s, %d CPUs (GOMAXPROCS %d), %s %s/%s; load average before the run: %s.",
-		model, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAvg())
-}
-
-// loadAvg is the 1, 5 and 15 minute load averages, or "n/a".
-func loadAvg() string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "n/a"
-	}
-	f := strings.Fields(string(data))
-	if len(f) < 3 {
-		return "n/a"
-	}
-	return strings.Join(f[:3], " ")
 }

@@ -15,9 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
-
+	"github.com/egress-go/egress/bench/internal/benchkit"
 	"github.com/egress-go/egress/internal/fakeapi"
 	"github.com/egress-go/egress/internal/redistest"
 )
@@ -134,7 +132,7 @@ func run(t *testing.T, sc scenario) outcome {
 				errs = append(errs, p.close())
 			}
 		}
-		errs = append(errs, rec.close())
+		errs = append(errs, rec.Close())
 		if err := errors.Join(errs...); err != nil {
 			t.Errorf("closing the pods: %v", err)
 		}
@@ -145,7 +143,7 @@ func run(t *testing.T, sc scenario) outcome {
 			base: rec.pool(pl.workers), fallback: &fallback,
 		}
 		if srv != nil {
-			env.rdb = rec.redisClient(srv.Addr)
+			env.rdb = rec.Redis(srv.Addr)
 		}
 		p, err := sc.strategy.newPod(env)
 		if err != nil {
@@ -167,7 +165,7 @@ func run(t *testing.T, sc scenario) outcome {
 		limited: len(limited), maxLimitedPerSec: fakeapi.MaxInWindow(limited, time.Second),
 		acceptedPerSec: st.PerSecond, limitedPerSec: fakeapi.PerWindow(limited, start, time.Second),
 		calls: tl.calls, failed: tl.calls - len(tl.latencies),
-		p50: quantile(tl.latencies, 0.50), p99: quantile(tl.latencies, 0.99),
+		p50: benchkit.Quantile(tl.latencies, 0.50), p99: benchkit.Quantile(tl.latencies, 0.99),
 		endRate: endRate(pods, target), fallback: fallback.Load(),
 		start: start, acceptedAt: st.Arrivals, limitedAt: limited, succeeded: tl.succeeded,
 		refused: st.Refused, storms: st.Storms,
@@ -261,7 +259,7 @@ func work(ctx context.Context, do func(*http.Request) (*http.Response, error), a
 		tl.add(status == http.StatusOK, time.Since(t0))
 		if every > 0 {
 			if next := t0.Add(every); next.Before(end) {
-				_ = sleep(ctx, time.Until(next))
+				_ = benchkit.Sleep(ctx, time.Until(next))
 			} else {
 				return
 			}
@@ -310,42 +308,15 @@ func call(ctx context.Context, do func(*http.Request) (*http.Response, error), a
 // the time of every 429 that comes back through the pools. Safe for
 // concurrent use.
 type probeRecord struct {
+	benchkit.Pods
+
 	mu      sync.Mutex
-	limited []time.Time    // guarded by mu
-	closers []func() error // guarded by mu
+	limited []time.Time // guarded by mu
 }
 
 // pool returns a new pod's own connection pool, seen through the probe.
 func (r *probeRecord) pool(workers int) http.RoundTripper {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = workers
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closers = append(r.closers, func() error { tr.CloseIdleConnections(); return nil })
-	return probe{base: tr, rec: r}
-}
-
-// redisClient returns a new pod's own Redis client.
-func (r *probeRecord) redisClient(addr string) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                     addr,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closers = append(r.closers, rdb.Close)
-	return rdb
-}
-
-func (r *probeRecord) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var errs []error
-	for i := len(r.closers) - 1; i >= 0; i-- {
-		errs = append(errs, r.closers[i]())
-	}
-	r.closers = nil
-	return errors.Join(errs...)
+	return probe{base: r.Pool(workers), rec: r}
 }
 
 func (r *probeRecord) limitedTimes() []time.Time {
@@ -369,12 +340,4 @@ func (p probe) RoundTrip(req *http.Request) (*http.Response, error) {
 		p.rec.mu.Unlock()
 	}
 	return resp, err
-}
-
-// quantile returns the q-quantile of sorted, 0 when it is empty.
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[int(q*float64(len(sorted)-1))]
 }

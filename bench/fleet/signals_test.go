@@ -16,6 +16,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/bench/internal/benchkit"
 	"github.com/egress-go/egress/internal/fakeapi"
 )
 
@@ -98,19 +99,19 @@ func TestSignalScenarios(t *testing.T) {
 	}
 	goroutines := runtime.NumGoroutine()
 	var out strings.Builder
-	fmt.Fprintf(&out, "%s\n", machine())
+	fmt.Fprintf(&out, "%s\n", benchkit.Machine())
 	for _, sc := range signalScenarios() {
 		table := signalTable(t, sc)
 		fmt.Fprintf(&out, "\n### %s. %s\n\n%s\n\n%s", sc.id, sc.title, sc.intro, table)
 	}
-	fmt.Fprintf(&out, "\nLoad after the run: %s\n", loadAvg())
+	fmt.Fprintf(&out, "\nLoad after the run: %s\n", benchkit.LoadAvg())
 	t.Logf("\n%s", out.String())
 	if path := os.Getenv(signalsOutEnv); path != "" {
 		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
 			t.Errorf("%s: %v", signalsOutEnv, err)
 		}
 	}
-	checkGoroutines(t, goroutines)
+	benchkit.CheckGoroutines(t, goroutines, goroutineLeakGrace)
 }
 
 // signalRows are the rows of every scenario: egress's four limiters with
@@ -157,10 +158,10 @@ func signalTable(t *testing.T, sc signalScenario) string {
 		}
 		m := signalMeasure{row: r, sc: sc, o: o, resends: log.resends()}
 		t.Logf("%s: successes in 10 s %d; 429s at %v; re-sends after a 429 %d, early %d, shortest gap %s",
-			name, m.successes(), m.limitedOffsets(), m.resends.after429, m.resends.early, ms(m.resends.minGap))
+			name, m.successes(), m.limitedOffsets(), m.resends.after429, m.resends.early, benchkit.Ms(m.resends.minGap))
 		rows = append(rows, append([]string{r.name, fleetOf(r), r.reads}, sc.cells(m)...))
 	}
-	return markdown(append([]string{"strategy", "fleet", "headers"}, sc.columns...), rows)
+	return benchkit.Markdown(append([]string{"strategy", "fleet", "headers"}, sc.columns...), rows)
 }
 
 func fleetOf(r signalRow) string {
@@ -198,13 +199,13 @@ func signalScenarios() []signalScenario {
 			id: "A", title: "The right limit: 100/s, burst 10, at the provider and in the clients",
 			rate: signalRate, burst: signalBurst, providerOf: provider(signalRate, signalBurst, fakeapi.Storm{}),
 			intro: fmt.Sprintf("Targets for egress: at least 99%% of R, no 429, p99 at most %.1f × the FIFO ideal "+
-				"W/R = %s (%d workers at %d/s).", fifoSlack, ms(ideal), signalWorkers, signalRate),
+				"W/R = %s (%d workers at %d/s).", fifoSlack, benchkit.Ms(ideal), signalWorkers, signalRate),
 			columns: []string{"successes in 10 s", "% of R", "429s", "429s after 3 s", "p50", "p99",
-				fmt.Sprintf("p99 / %s", ms(ideal)), "failed / calls"},
+				fmt.Sprintf("p99 / %s", benchkit.Ms(ideal)), "failed / calls"},
 			cells: func(m signalMeasure) []string {
-				return []string{count(m.successes()), percent(float64(m.successes()) / (signalRate * signalDuration.Seconds())),
-					count(m.o.limited), count(m.limitedAfter(settle)), ms(m.o.p50), ms(m.o.p99),
-					fmt.Sprintf("%.2f", m.o.p99.Seconds()/ideal.Seconds()), count(m.o.failed) + " / " + count(m.o.calls)}
+				return []string{benchkit.Count(m.successes()), benchkit.Percent(float64(m.successes()) / (signalRate * signalDuration.Seconds())),
+					benchkit.Count(m.o.limited), benchkit.Count(m.limitedAfter(settle)), benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99),
+					fmt.Sprintf("%.2f", m.o.p99.Seconds()/ideal.Seconds()), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls)}
 			},
 		},
 		{
@@ -218,9 +219,9 @@ func signalScenarios() []signalScenario {
 			cells: func(m signalMeasure) []string {
 				last := m.acceptedBetween(5*time.Second, 10*time.Second)
 				all := m.acceptedBetween(0, 10*time.Second)
-				return []string{percent(float64(last) / (50 * 5)), percent(float64(all) / (50 * 10)),
-					count(m.o.limited), count(m.limitedAfter(settle)), count(m.most429sAfter(settle, 5*time.Second)),
-					ms(m.o.p50), ms(m.o.p99), count(m.o.failed) + " / " + count(m.o.calls), m.perSecond()}
+				return []string{benchkit.Percent(float64(last) / (50 * 5)), benchkit.Percent(float64(all) / (50 * 10)),
+					benchkit.Count(m.o.limited), benchkit.Count(m.limitedAfter(settle)), benchkit.Count(m.most429sAfter(settle, 5*time.Second)),
+					benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls), m.perSecond()}
 			},
 		},
 		{
@@ -236,9 +237,9 @@ func signalScenarios() []signalScenario {
 			cells: func(m signalMeasure) []string {
 				low := m.acceptedBetween(raiseAt-2*time.Second, raiseAt)
 				limit := signalRate*dropAt.Seconds() + lowRate*(raiseAt-dropAt).Seconds() + signalRate*(signalDuration-raiseAt).Seconds()
-				return []string{count(m.o.limited), count(m.limitedBetween(dropAt, raiseAt)), m.lastLimitedAfter(dropAt, raiseAt),
-					percent(float64(low) / (lowRate * 2)), m.reaches(raiseAt, upTarget*signalRate),
-					percent(float64(m.acceptedBetween(0, signalDuration)) / limit), ms(m.o.p50), ms(m.o.p99), m.perSecond()}
+				return []string{benchkit.Count(m.o.limited), benchkit.Count(m.limitedBetween(dropAt, raiseAt)), m.lastLimitedAfter(dropAt, raiseAt),
+					benchkit.Percent(float64(low) / (lowRate * 2)), m.reaches(raiseAt, upTarget*signalRate),
+					benchkit.Percent(float64(m.acceptedBetween(0, signalDuration)) / limit), benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), m.perSecond()}
 			},
 		},
 		{
@@ -254,9 +255,9 @@ func signalScenarios() []signalScenario {
 				"re-sent before its Retry-After", "shortest gap", "p50", "p99", "failed / calls"},
 			cells: func(m signalMeasure) []string {
 				untouched := (1 - stormShare) * signalRate * signalDuration.Seconds()
-				return []string{count(m.successes()), percent(float64(m.successes()) / untouched),
-					count(m.o.storms) + " / " + count(m.o.refused), count(m.resends.after429), count(m.resends.early),
-					ms(m.resends.minGap), ms(m.o.p50), ms(m.o.p99), count(m.o.failed) + " / " + count(m.o.calls)}
+				return []string{benchkit.Count(m.successes()), benchkit.Percent(float64(m.successes()) / untouched),
+					benchkit.Count(m.o.storms) + " / " + benchkit.Count(m.o.refused), benchkit.Count(m.resends.after429), benchkit.Count(m.resends.early),
+					benchkit.Ms(m.resends.minGap), benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls)}
 			},
 		},
 		{
@@ -273,9 +274,9 @@ func signalScenarios() []signalScenario {
 			cells: func(m signalMeasure) []string {
 				from, n := m.wholeWindows(windowLength)
 				used := m.acceptedBetween(from, from+time.Duration(n)*windowLength)
-				return []string{percent(float64(used) / float64(n*windowQuota)), count(m.o.limited),
-					count(m.limitedBetween(from, signalDuration)), ms(m.o.p50), ms(m.o.p99),
-					count(m.o.failed) + " / " + count(m.o.calls), m.perSecond()}
+				return []string{benchkit.Percent(float64(used) / float64(n*windowQuota)), benchkit.Count(m.o.limited),
+					benchkit.Count(m.limitedBetween(from, signalDuration)), benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99),
+					benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls), m.perSecond()}
 			},
 		},
 	}
@@ -341,7 +342,7 @@ func (m signalMeasure) lastLimitedAfter(from, to time.Duration) string {
 	if last < 0 {
 		return "no 429"
 	}
-	return secs(last - from)
+	return benchkit.Secs(last - from)
 }
 
 // reaches is the time from `from` until the end of the first window of 1 s,
@@ -359,10 +360,10 @@ func (m signalMeasure) reaches(from time.Duration, n float64) string {
 			lo++
 		}
 		if float64(hi-lo+1) >= n {
-			return secs(max(at[hi]-from, time.Second))
+			return benchkit.Secs(max(at[hi]-from, time.Second))
 		}
 	}
-	return "not by " + secs(signalDuration)
+	return "not by " + benchkit.Secs(signalDuration)
 }
 
 // perSecond is the accepted per second for the run's 10 s.
@@ -471,7 +472,7 @@ func (rr retryAfterRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		r := req
 		if attempt > 1 {
 			var err error
-			if r, err = resend(req); err != nil {
+			if r, err = benchkit.Resend(req); err != nil {
 				return nil, err
 			}
 		}
@@ -491,7 +492,7 @@ func (rr retryAfterRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if err := sleep(ctx, wait); err != nil {
+		if err := benchkit.Sleep(ctx, wait); err != nil {
 			return nil, err
 		}
 	}

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/bench/internal/benchkit"
 )
 
 // sharedName is the name of the fleet's limit in Redis, for egress and
@@ -130,7 +130,7 @@ func waitRedisRate(ctx context.Context, lim *redis_rate.Limiter, limit redis_rat
 		if res.Allowed > 0 {
 			return nil
 		}
-		if err := sleep(ctx, res.RetryAfter); err != nil {
+		if err := benchkit.Sleep(ctx, res.RetryAfter); err != nil {
 			return err
 		}
 	}
@@ -191,7 +191,7 @@ func (n naiveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		r := req
 		if attempt > 1 {
 			var err error
-			if r, err = resend(req); err != nil {
+			if r, err = benchkit.Resend(req); err != nil {
 				return nil, err
 			}
 		}
@@ -201,36 +201,5 @@ func (n naiveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-	}
-}
-
-// resend returns a copy of req with a fresh body.
-func resend(req *http.Request) (*http.Request, error) {
-	r := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody {
-		if req.GetBody == nil {
-			return nil, fmt.Errorf("cannot resend %s %s: no GetBody", req.Method, req.URL)
-		}
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		r.Body = body
-	}
-	return r, nil
-}
-
-// sleep waits d, or returns ctx's error if ctx ends first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -22,10 +21,10 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/bench/internal/benchkit"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/fakellm"
 	"github.com/egress-go/egress/internal/redistest"
@@ -209,7 +208,7 @@ func allowN(ctx context.Context, lim *redis_rate.Limiter, key string, limit redi
 		if res.Allowed > 0 {
 			return nil
 		}
-		if err := sleep(ctx, res.RetryAfter); err != nil {
+		if err := benchkit.Sleep(ctx, res.RetryAfter); err != nil {
 			return err
 		}
 	}
@@ -262,34 +261,34 @@ func TestLLMScenario(t *testing.T) {
 		st := r.st
 		var o outcome
 		ok := t.Run(r.enf.String()+"/"+st.name+"/"+st.estimate.name, func(t *testing.T) {
-			load := loadAvg()
+			load := benchkit.LoadAvg()
 			o = run(t, st, r.enf)
 			t.Logf("calls %d, failed %d, 429s %d (after 1 s: %d), tokens/s %.0f, utilisation %s, peak %d, p99 %s; load before %s",
-				o.calls, o.failed, o.limited, o.late, o.tokensPerSecond(), percent(o.utilisation()), o.provider.TPM.Peak, ms(o.p99), load)
+				o.calls, o.failed, o.limited, o.late, o.tokensPerSecond(), benchkit.Percent(o.utilisation()), o.provider.TPM.Peak, benchkit.Ms(o.p99), load)
 			var per []int
 			for _, w := range o.provider.Windows {
 				per = append(per, w.Tokens())
 			}
 			t.Logf("tokens per period: %v; refused by TPM %d, by RPM %d", per, o.provider.TPM.Refused, o.provider.RPM.Refused)
 			if strings.HasPrefix(st.name, "egress") {
-				t.Logf("target (0 429s after 1 s, ≥ %s of TPM): 429s after 1 s %d, utilisation %s", percent(utilTarget), o.late, percent(o.utilisation()))
+				t.Logf("target (0 429s after 1 s, ≥ %s of TPM): 429s after 1 s %d, utilisation %s", benchkit.Percent(utilTarget), o.late, benchkit.Percent(o.utilisation()))
 			}
 		})
 		if !ok {
 			t.FailNow()
 		}
-		cells = append(cells, []string{r.enf.String(), st.name, st.estimate.name, count(o.calls), count(o.failed), count(int(o.limited)), count(int(o.late)),
-			count(int(math.Round(o.tokensPerSecond()))), percent(o.utilisation()), count(o.provider.TPM.Peak), ms(o.p99)})
+		cells = append(cells, []string{r.enf.String(), st.name, st.estimate.name, benchkit.Count(o.calls), benchkit.Count(o.failed), benchkit.Count(int(o.limited)), benchkit.Count(int(o.late)),
+			benchkit.Count(int(math.Round(o.tokensPerSecond()))), benchkit.Percent(o.utilisation()), benchkit.Count(o.provider.TPM.Peak), benchkit.Ms(o.p99)})
 	}
 	var out strings.Builder
-	fmt.Fprintf(&out, "## LLM scenario\n\n%s\n\n%s\n\n%s\nLoad after the run: %s\n", machine(), intro(), markdown(header, cells), loadAvg())
+	fmt.Fprintf(&out, "## LLM scenario\n\n%s\n\n%s\n\n%s\nLoad after the run: %s\n", benchkit.Machine(), intro(), benchkit.Markdown(header, cells), benchkit.LoadAvg())
 	t.Logf("\n%s", out.String())
 	if path := os.Getenv(outEnv); path != "" {
 		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
 			t.Errorf("%s: %v", outEnv, err)
 		}
 	}
-	checkGoroutines(t, goroutines)
+	benchkit.CheckGoroutines(t, goroutines, 5*time.Second)
 }
 
 func intro() string {
@@ -326,7 +325,7 @@ func run(t *testing.T, st strategy, enf fakellm.Enforcement) outcome {
 	t.Cleanup(api.Close) // after the pods' connections are closed
 	rec := &probeRecord{start: now}
 	t.Cleanup(func() { // first: the pods' connection pools and Redis clients
-		if err := rec.close(); err != nil {
+		if err := rec.Close(); err != nil {
 			t.Errorf("closing the pods: %v", err)
 		}
 	})
@@ -334,7 +333,7 @@ func run(t *testing.T, st strategy, enf fakellm.Enforcement) outcome {
 	for range pods {
 		env.bases = append(env.bases, rec.pool(workers))
 		if srv != nil {
-			env.rdbs = append(env.rdbs, rec.redisClient(srv.Addr))
+			env.rdbs = append(env.rdbs, rec.Redis(srv.Addr))
 		}
 	}
 	dos, err := st.newPods(env)
@@ -345,7 +344,7 @@ func run(t *testing.T, st strategy, enf fakellm.Enforcement) outcome {
 	tl := drive(t.Context(), api.URL, dos, now.Add(duration))
 	o := outcome{
 		elapsed: time.Since(now), limited: rec.limited.Load(), late: rec.late.Load(),
-		calls: tl.calls, failed: tl.calls - len(tl.latencies), p99: quantile(tl.latencies, 0.99),
+		calls: tl.calls, failed: tl.calls - len(tl.latencies), p99: benchkit.Quantile(tl.latencies, 0.99),
 		provider: llm.Stats(),
 	}
 	if int64(o.provider.Refused) != o.limited {
@@ -459,39 +458,12 @@ type probeRecord struct {
 	limited atomic.Int64
 	late    atomic.Int64 // 429s more than a second after start
 
-	mu      sync.Mutex
-	closers []func() error // guarded by mu
+	benchkit.Pods
 }
 
+// pool returns a new pod's own connection pool, seen through the probe.
 func (r *probeRecord) pool(workers int) http.RoundTripper {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = workers
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closers = append(r.closers, func() error { tr.CloseIdleConnections(); return nil })
-	return probe{base: tr, rec: r}
-}
-
-func (r *probeRecord) redisClient(addr string) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{
-		Addr:                     addr,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closers = append(r.closers, rdb.Close)
-	return rdb
-}
-
-func (r *probeRecord) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var errs []error
-	for i := len(r.closers) - 1; i >= 0; i-- {
-		errs = append(errs, r.closers[i]())
-	}
-	r.closers = nil
-	return errors.Join(errs...)
+	return probe{base: r.Pool(workers), rec: r}
 }
 
 type probe struct {
@@ -508,27 +480,4 @@ func (p probe) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, err
-}
-
-// sleep waits d, or returns ctx's error if ctx ends first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// quantile returns the q-quantile of sorted, 0 when it is empty.
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[int(q*float64(len(sorted)-1))]
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/examples/internal/demo"
 )
 
 // pods are the simulated instances of one run: each has its own
@@ -63,7 +63,7 @@ func (p *pods) close() error {
 func newNaivePods(s settings) *pods {
 	p := &pods{}
 	for range s.instances {
-		p.add(naiveRetry{base: p.base(s), retries: &p.got.retries})
+		p.add(demo.NaiveRetry{Base: p.base(s), Retries: &p.got.retries})
 	}
 	return p
 }
@@ -180,46 +180,4 @@ func (pr probe) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, err
-}
-
-// naiveRetry is what many clients do: on a 429, send again at once, up to
-// three times.
-type naiveRetry struct {
-	base    http.RoundTripper
-	retries *atomic.Int64
-}
-
-func (n naiveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
-	for attempt := 1; ; attempt++ {
-		r := req
-		if attempt > 1 {
-			var err error
-			if r, err = resend(req); err != nil {
-				return nil, err
-			}
-			n.retries.Add(1)
-		}
-		resp, err := n.base.RoundTrip(r)
-		if err != nil || resp.StatusCode != http.StatusTooManyRequests || attempt == 4 {
-			return resp, err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-}
-
-// resend returns a copy of req with a fresh body.
-func resend(req *http.Request) (*http.Request, error) {
-	r := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody {
-		if req.GetBody == nil {
-			return nil, fmt.Errorf("cannot resend %s %s: no GetBody", req.Method, req.URL)
-		}
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		r.Body = body
-	}
-	return r, nil
 }

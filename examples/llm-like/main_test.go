@@ -166,9 +166,3 @@ func TestNewCall(t *testing.T) {
 	assert.GreaterOrEqual(t, reservation, minMaxTokens+minPrompt/4)
 	assert.LessOrEqual(t, reservation, minTPM/2)
 }
-
-func TestBar(t *testing.T) {
-	assert.Equal(t, 41, len([]rune(bar(0, 10))))
-	assert.Equal(t, "███│", strings.TrimRight(bar(3, 3), " "))
-	assert.Equal(t, "██████", strings.TrimRight(bar(6, 3), " "), "a bar past the mark covers it")
-}

@@ -3,14 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
+
+	"github.com/egress-go/egress/examples/internal/demo"
 )
 
 const (
 	labelWidth = 46
 	colWidth   = 16
-	barWidth   = 40
 )
 
 // report prints the runs side by side, then a chart of the tokens the
@@ -98,7 +98,7 @@ func chart(out io.Writer, s settings, runs []result) {
 			scale = max(scale, float64(w.Tokens()))
 		}
 	}
-	mark := int(float64(s.tpm) / scale * barWidth)
+	mark := int(float64(s.tpm) / scale * demo.BarWidth)
 	fmt.Fprintf(out, "\ntokens accepted per period of %v (│ marks the provider's %d)\n", s.minute, s.tpm)
 	for _, r := range runs {
 		fmt.Fprintf(out, "  %s\n", r.name)
@@ -111,7 +111,7 @@ func chart(out io.Writer, s settings, runs []result) {
 				note = "  after the end: calls already under way"
 			}
 			n := w.Tokens()
-			fmt.Fprintf(out, "  %5s %s %7d%s\n", period(s, i), bar(int(float64(n)/scale*barWidth+0.5), mark), n, note)
+			fmt.Fprintf(out, "  %5s %s %7d%s\n", period(s, i), demo.Bar(int(float64(n)/scale*demo.BarWidth+0.5), mark), n, note)
 		}
 	}
 }
@@ -119,23 +119,6 @@ func chart(out io.Writer, s settings, runs []result) {
 // period labels period i by its start, in seconds from the run's start.
 func period(s settings, i int) string {
 	return fmt.Sprintf("%gs", (time.Duration(i) * s.minute).Seconds())
-}
-
-// bar is a bar of n cells in a field of barWidth, with the mark drawn
-// where the bar does not reach it.
-func bar(n, mark int) string {
-	var b strings.Builder
-	for i := range barWidth + 1 {
-		switch {
-		case i < n:
-			b.WriteString("█")
-		case i == mark:
-			b.WriteString("│")
-		default:
-			b.WriteByte(' ')
-		}
-	}
-	return b.String()
 }
 
 func egressOnly(r result, n int64) string {

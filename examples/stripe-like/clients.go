@@ -2,8 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -11,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/examples/internal/demo"
 	"github.com/egress-go/egress/internal/fakeapi"
 )
 
@@ -50,7 +49,7 @@ func newNaivePods(s settings) *pods {
 	p := &pods{}
 	for range s.instances {
 		base := p.base(s)
-		p.add(naiveRetry{base: base, retries: &p.retries})
+		p.add(demo.NaiveRetry{Base: base, Retries: &p.retries})
 	}
 	return p
 }
@@ -182,46 +181,4 @@ func (pr probe) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	pr.p.got.Add(time.Now(), status)
 	return resp, err
-}
-
-// naiveRetry is what many clients do: on a 429, send again at once, up to
-// three times.
-type naiveRetry struct {
-	base    http.RoundTripper
-	retries *atomic.Int64
-}
-
-func (n naiveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
-	for attempt := 1; ; attempt++ {
-		r := req
-		if attempt > 1 {
-			var err error
-			if r, err = resend(req); err != nil {
-				return nil, err
-			}
-			n.retries.Add(1)
-		}
-		resp, err := n.base.RoundTrip(r)
-		if err != nil || resp.StatusCode != http.StatusTooManyRequests || attempt == 4 {
-			return resp, err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-}
-
-// resend returns a copy of req with a fresh body.
-func resend(req *http.Request) (*http.Request, error) {
-	r := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody {
-		if req.GetBody == nil {
-			return nil, fmt.Errorf("cannot resend %s %s: no GetBody", req.Method, req.URL)
-		}
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		r.Body = body
-	}
-	return r, nil
 }

@@ -200,9 +200,3 @@ func TestHelp(t *testing.T) {
 		assert.Contains(t, stdout.String(), f)
 	}
 }
-
-func TestBar(t *testing.T) {
-	assert.Equal(t, 41, len([]rune(bar(0, 10))))
-	assert.Equal(t, "███│", strings.TrimRight(bar(3, 3), " "))
-	assert.Equal(t, "██████", strings.TrimRight(bar(6, 3), " "), "a bar past the mark covers it")
-}

@@ -3,14 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
+
+	"github.com/egress-go/egress/examples/internal/demo"
 )
 
 const (
 	labelWidth = 42
 	colWidth   = 16
-	barWidth   = 40
 )
 
 // report prints the runs side by side, then a chart of the charges
@@ -54,7 +54,7 @@ func chart(out io.Writer, s settings, runs []result) {
 			scale = max(scale, float64(n))
 		}
 	}
-	mark := int(limitRate(s) / scale * barWidth)
+	mark := int(limitRate(s) / scale * demo.BarWidth)
 	fmt.Fprintf(out, "\ncharges accepted per second (│ marks the provider's %g/s)\n", limitRate(s))
 	for _, r := range runs {
 		fmt.Fprintf(out, "  %s\n", r.name)
@@ -63,26 +63,9 @@ func chart(out io.Writer, s settings, runs []result) {
 			if s.duration > 0 && time.Duration(i)*time.Second >= s.duration {
 				note = "  after the end: charges already under way"
 			}
-			fmt.Fprintf(out, "  %4ds %s %4d%s\n", i, bar(int(float64(n)/scale*barWidth+0.5), mark), n, note)
+			fmt.Fprintf(out, "  %4ds %s %4d%s\n", i, demo.Bar(int(float64(n)/scale*demo.BarWidth+0.5), mark), n, note)
 		}
 	}
-}
-
-// bar is a bar of n cells in a field of barWidth, with the mark drawn
-// where the bar does not reach it.
-func bar(n, mark int) string {
-	var b strings.Builder
-	for i := range barWidth + 1 {
-		switch {
-		case i < n:
-			b.WriteString("█")
-		case i == mark:
-			b.WriteString("│")
-		default:
-			b.WriteByte(' ')
-		}
-	}
-	return b.String()
 }
 
 // limitRate is the rate the report compares with: what the provider
