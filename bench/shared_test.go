@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/egress-go/egress"
+	"github.com/egress-go/egress/bench/internal/benchkit"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -170,7 +171,7 @@ func benchRedisRate(b *testing.B, rdb *redis.Client, cmds *atomic.Int64, name st
 			if res.Allowed > 0 {
 				return nil
 			}
-			if err := sleep(ctx, res.RetryAfter); err != nil {
+			if err := benchkit.Sleep(ctx, res.RetryAfter); err != nil {
 				return err
 			}
 		}
@@ -244,15 +245,4 @@ func serverMicros(b *testing.B, ctx context.Context, rdb *redis.Client) float64 
 		}
 	}
 	return total
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
