@@ -108,8 +108,8 @@ func (l Limit) String() string {
 	return s
 }
 
-func (l Limit) validate(i int) error {
-	op := fmt.Sprintf("NewLimits: limit %d (%s)", i, l.dim)
+func (l Limit) validate(op string, i int) error {
+	op = fmt.Sprintf("%s: limit %d (%s)", op, i, l.dim)
 	if l.dim > Points {
 		return configError(op+": dimension", int(l.dim), "is not one of Requests, Tokens, InputTokens, OutputTokens, Points")
 	}
@@ -200,13 +200,8 @@ func (s *limitState) atRest(now time.Time) bool {
 // one a window before it does not reach the provider while that one is
 // still in the provider's window.
 func NewLimits(limits ...Limit) (*Limits, error) {
-	if len(limits) == 0 {
-		return nil, configError("NewLimits: limits", "none", "give at least one")
-	}
-	for i, l := range limits {
-		if err := l.validate(i); err != nil {
-			return nil, err
-		}
+	if err := validateLimits("NewLimits", limits); err != nil {
+		return nil, err
 	}
 	l := &Limits{limits: append([]Limit(nil), limits...), clock: clock.Real{}, margin: jitterTolerance}
 	l.holds = newHolds(&l.clock)
@@ -217,6 +212,19 @@ func NewLimits(limits ...Limit) (*Limits, error) {
 	return l, nil
 }
 
+// validateLimits checks the limits of a Limits or a SharedLimits.
+func validateLimits(op string, limits []Limit) error {
+	if len(limits) == 0 {
+		return configError(op+": limits", "none", "give at least one")
+	}
+	for i, l := range limits {
+		if err := l.validate(op, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Grant is what a Limits granted one request: its key, its cost and its
 // turn. Settle it with the request's actual cost, once known.
 type Grant struct {
@@ -224,6 +232,9 @@ type Grant struct {
 	Cost   Cost
 	At     time.Time     // the turn the request was given
 	Waited time.Duration // how long it waited for it
+
+	turn  int64   // a SharedLimits' grant: its turn, us of the Redis server's clock
+	local *Limits // a SharedLimits' grant made by its fallback
 }
 
 // Wait implements Limiter: cost is in requests.
@@ -353,11 +364,12 @@ func (s *limitState) refund(lim *Limit, units int, at, now time.Time) {
 	if s.last.Before(at) {
 		return // a state made after the grant (its key was dropped): it holds none of it
 	}
-	back := float64(units) - lim.rate.PerSecond()*s.last.Sub(at).Seconds()
-	if back <= 0 {
+	// The units' time less the time the turns after it took, rounded down
+	// to the microsecond as the shared script keeps it.
+	d := (durationOf(units, lim.rate) - s.last.Sub(at)).Truncate(time.Microsecond)
+	if d <= 0 {
 		return
 	}
-	d := time.Duration(back * float64(lim.rate.per) / lim.rate.n) // rounded down
 	s.tat = maxTime(s.tat.Add(-d), now)
 }
 
@@ -394,6 +406,7 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 		}
 		switch {
 		case lim.window:
+			s.log.trim(now) // a grant that has left the window is not adjusted
 			switch {
 			case from > 0 && s.log.adjust(g.At, from, to):
 			case to <= from:

@@ -35,3 +35,9 @@ var Heartbeat string
 //
 //go:embed slots.lua
 var Slots string
+
+// Limits admits, settles and teaches the limits of a SharedLimits: every
+// limit of a request's key and its parents in one call.
+//
+//go:embed limits.lua
+var Limits string

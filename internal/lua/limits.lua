@@ -1,0 +1,277 @@
+-- limits: one atomic decision across every limit of a SharedLimits for one
+-- request key, on the Redis server's clock: a batch of reservations, a
+-- settlement, or what a response taught (a hold and caps). The arithmetic
+-- is Limits' (limits.go, window.go): a bucket is a theoretical arrival
+-- time (GCRA), a window an exact log of grants.
+--
+-- KEYS[1]        the request key's hold: no turn before this server time (us)
+-- KEYS[2i], KEYS[2i+1]  limit i's state: a hash (a bucket's tat and last
+--                turn given, a window's sum and sequence), and a window's
+--                grants: a sorted set, one member a grant ("<seq>:<cost>"),
+--                scored by its turn (us); unused by a bucket
+-- ARGV[1]  the operation: reserve, settle or learn
+-- ARGV[2]  L, the number of limits
+-- ARGV[3], ... three values a limit: its kind (0 a bucket, 1 a window), n
+--          (a bucket's burst, a window's quota), and a bucket's interval
+--          per unit or a window's length with its margin (us)
+-- then, for the operation (from ARGV[3+3L]):
+--   reserve: a request after another: its L costs and its max wait (us;
+--            -1 for none), served in order. Returns now (us), then a triple
+--            a request: (code, wait in us, its turn in us of server time or,
+--            refused, the limit that bound: 1-based, 0 for the hold); code
+--            0 = admitted after wait, 1 = refused: wait exceeds its max
+--            wait. A refused request takes nothing.
+--   settle:  the grant's turn (us), then a pair a limit: (the cost granted,
+--            the actual cost, at most n). Returns 0.
+--   learn:   the hold's length from now (us; 0 for none), the channel
+--            and the key id to tell a hold on, then a triple a limit: (the units the provider said remain,
+--            -1 when it said nothing of the limit's dimension; its reset in
+--            us, 0 for none; 1 when its reset means "until the bucket is
+--            full", else 0). Returns 0.
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local L = tonumber(ARGV[2])
+local kind, n, span = {}, {}, {}
+for i = 1, L do
+  kind[i] = tonumber(ARGV[3 * i])
+  n[i] = tonumber(ARGV[3 * i + 1])
+  span[i] = tonumber(ARGV[3 * i + 2])
+end
+local at0 = 3 + 3 * L -- the first argument of the operation
+
+-- The state of each limit, loaded on first use and written back at the end.
+local st = {}
+local function state(i)
+  if st[i] then return st[i] end
+  local h = redis.call('HMGET', KEYS[2 * i], 'a', 'b')
+  local s = {a = tonumber(h[1] or '0') or 0, b = tonumber(h[2] or '0') or 0, dirty = false}
+  -- a bucket: a = tat, b = the last turn given; a window: a = sum, b = seq
+  if kind[i] == 1 then
+    -- Drop the grants that left the window (turn + w ≤ now).
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[2 * i + 1], '-inf', now - span[i])
+    if #gone > 0 then
+      for _, m in ipairs(gone) do
+        s.a = s.a - (tonumber(string.match(m, ':(%d+)$')) or 0)
+      end
+      redis.call('ZREMRANGEBYSCORE', KEYS[2 * i + 1], '-inf', now - span[i])
+      s.dirty = true
+    end
+    if s.a < 0 or redis.call('ZCARD', KEYS[2 * i + 1]) == 0 then s.a = 0 end
+  end
+  st[i] = s
+  return s
+end
+
+local function costOf(m) return tonumber(string.match(m, ':(%d+)$')) or 0 end
+
+-- earliest returns the first turn at or after from at which limit i can
+-- grant c (≤ n): a bucket when max(tat, t) + c·I − t ≤ n·I; a window at or
+-- after every turn given before, when the grants in (t − w, t] and c are
+-- at most n.
+local function earliest(i, c, from)
+  local s = state(i)
+  if kind[i] == 0 then
+    return math.max(from, s.a - (n[i] - c) * span[i])
+  end
+  local z, w = KEYS[2 * i + 1], span[i]
+  local at = from
+  local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #last > 0 then at = math.max(at, tonumber(last[2])) end
+  local sum = s.a
+  if sum + c <= n[i] then return at end
+  -- Walk the grants from the oldest: those out of (at − w, at] do not
+  -- count; then drop the oldest until c fits, and go when the last one
+  -- dropped leaves the window.
+  local off, page, leave = 0, 64, nil
+  while true do
+    local ms = redis.call('ZRANGE', z, off, off + page - 1, 'WITHSCORES')
+    if #ms == 0 then break end
+    for j = 1, #ms, 2 do
+      local score = tonumber(ms[j + 1])
+      if score + w <= at then
+        sum = sum - costOf(ms[j])
+      elseif sum + c > n[i] then
+        sum = sum - costOf(ms[j])
+        leave = score + w
+      end
+      if score + w > at and sum + c <= n[i] then
+        if leave then return math.max(at, leave) end
+        return at
+      end
+    end
+    off = off + page
+  end
+  if leave then return math.max(at, leave) end
+  return at
+end
+
+-- take grants c at turn at of limit i.
+local function take(i, c, at)
+  local s = state(i)
+  s.dirty = true
+  if kind[i] == 0 then
+    s.a = math.max(s.a, at) + c * span[i]
+    s.b = math.max(s.b, at)
+    return
+  end
+  s.b = s.b + 1
+  s.a = s.a + c
+  redis.call('ZADD', KEYS[2 * i + 1], at, s.b .. ':' .. c)
+end
+
+-- insert records a grant of c at turn at of window i (a charge after the
+-- fact, at a turn that may come before later ones).
+local function insert(i, c, at)
+  if c <= 0 then return end
+  take(i, c, at)
+end
+
+-- save writes back each state changed, with a TTL that outlives it.
+local function save()
+  for i, s in pairs(st) do
+    if s.dirty then
+      if kind[i] == 0 then
+        local ttl = math.ceil((s.a - now) / 1000) + 1000
+        redis.call('HSET', KEYS[2 * i], 'a', string.format('%.0f', s.a), 'b', string.format('%.0f', s.b))
+        redis.call('PEXPIRE', KEYS[2 * i], math.max(ttl, 1000))
+      else
+        local last = redis.call('ZRANGE', KEYS[2 * i + 1], -1, -1, 'WITHSCORES')
+        local ttl = 1000
+        if #last > 0 then ttl = math.max(ttl, math.ceil((tonumber(last[2]) + span[i] - now) / 1000) + 1000) end
+        redis.call('HSET', KEYS[2 * i], 'a', s.a, 'b', s.b)
+        redis.call('PEXPIRE', KEYS[2 * i], ttl)
+        redis.call('PEXPIRE', KEYS[2 * i + 1], ttl)
+      end
+    end
+  end
+end
+
+local op = ARGV[1]
+local hold = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+
+if op == 'reserve' then
+  local out = {now}
+  local k = at0
+  while k + L <= #ARGV do
+    local at, binding = math.max(now, hold), 0
+    for i = 1, L do
+      local c = tonumber(ARGV[k + i - 1])
+      if c > 0 then
+        local e = earliest(i, c, now)
+        if e > at then at, binding = e, i end
+      end
+    end
+    at = math.ceil(at) -- whole microseconds: a settlement finds the turn by it
+    local maxWait = tonumber(ARGV[k + L])
+    local wait = math.ceil(at - now)
+    if maxWait >= 0 and wait > maxWait then
+      table.insert(out, 1)
+      table.insert(out, wait)
+      table.insert(out, binding)
+    else
+      for i = 1, L do
+        local c = tonumber(ARGV[k + i - 1])
+        if c > 0 then take(i, c, at) end
+      end
+      table.insert(out, 0)
+      table.insert(out, wait)
+      table.insert(out, at)
+    end
+    k = k + L + 1
+  end
+  save()
+  return out
+end
+
+if op == 'settle' then
+  local turn = tonumber(ARGV[at0])
+  for i = 1, L do
+    local from, to = tonumber(ARGV[at0 + 2 * i - 1]), tonumber(ARGV[at0 + 2 * i])
+    if from ~= to then
+      local s = state(i)
+      if kind[i] == 0 then
+        if to > from then
+          -- Charged as a grant of the difference now.
+          take(i, to - from, now)
+        elseif s.b >= turn then
+          -- A refund, less what the turns given after the grant took.
+          local back = math.floor((from - to) * span[i] - (s.b - turn))
+          if back > 0 then
+            s.a = math.max(s.a - back, now)
+            s.dirty = true
+          end
+        end
+      else
+        local z, found = KEYS[2 * i + 1], false
+        if from > 0 then
+          for _, m in ipairs(redis.call('ZRANGEBYSCORE', z, turn, turn)) do
+            if costOf(m) == from then
+              -- Kept in place even at 0: the turns after it were given
+              -- after it, and each turn comes after every turn before it.
+              redis.call('ZREM', z, m)
+              redis.call('ZADD', z, turn, string.match(m, '^(%d+):') .. ':' .. to)
+              s.a = s.a + to - from
+              s.dirty, found = true, true
+              break
+            end
+          end
+        end
+        if not found and to > from then
+          if turn + span[i] > now and from == 0 then
+            insert(i, to, turn)
+          else
+            -- Its turn has left the window: the difference counts from now.
+            insert(i, to - from, now)
+          end
+        end
+      end
+    end
+  end
+  save()
+  return 0
+end
+
+if op == 'learn' then
+  local holdFor = tonumber(ARGV[at0])
+  if holdFor > 0 and now + holdFor > hold then
+    redis.call('SET', KEYS[1], string.format('%.0f', now + holdFor), 'PX', math.ceil(holdFor / 1000) + 1000)
+    redis.call('PUBLISH', ARGV[at0 + 1], ARGV[at0 + 2] .. ' ' .. string.format('%.0f', holdFor))
+  end
+  for i = 1, L do
+    local keep = tonumber(ARGV[at0 + 3 * i])
+    local reset = tonumber(ARGV[at0 + 3 * i + 1])
+    local bucketProvider = tonumber(ARGV[at0 + 3 * i + 2]) == 1
+    if keep >= 0 and keep < n[i] then
+      local s = state(i)
+      if kind[i] == 0 then
+        s.a = math.max(s.a, now + (n[i] - math.floor(keep)) * span[i])
+        s.dirty = true
+      else
+        local w = span[i]
+        if reset <= 0 or reset > w then reset = w end
+        local held = s.a
+        if not bucketProvider then
+          held = 0
+          for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2 * i + 1], '(' .. string.format('%.0f', now + reset - w), '+inf')) do
+            held = held + costOf(m)
+          end
+        end
+        local excess = n[i] - held - math.ceil(keep)
+        if excess > 0 then
+          local parts = 1
+          if bucketProvider then parts = math.min(8, excess) end
+          for p = 1, parts do
+            local c = math.floor(excess * p / parts) - math.floor(excess * (p - 1) / parts)
+            insert(i, c, now + math.floor(reset * p / parts) - w)
+          end
+        end
+      end
+    end
+  end
+  save()
+  return 0
+end
+
+return redis.error_reply('egress: limits: unknown operation ' .. tostring(op))

@@ -1,0 +1,516 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/egress-go/egress/internal/lua"
+)
+
+// SharedLimits is Limits for a whole fleet: every instance that uses the
+// same Redis and the same name draws from the same limits, all or nothing,
+// with the same arithmetic (a bucket's theoretical arrival time, a
+// window's exact log of grants) run by one Lua script on the Redis
+// server's clock. A decision across every limit of a request — its key's
+// and its parents' — is one script call, and the concurrent waiters of a
+// key in one process share a call.
+//
+// A request refused takes nothing from any limit. A waiter whose context
+// ends after it was given a turn, or whose turn falls inside a hold heard
+// of afterwards, gives its grant back with one more call (a settlement to
+// zero). Settle settles a grant fleet-wide, with one call.
+//
+// In Redis, a bucket keeps a hash (its tat and last turn) per key; a window
+// keeps a hash (its sum) and a sorted set with one member (about 60 bytes)
+// per grant still in the window, so a window of 1,000 per hour used to its
+// limit holds about 60 KB per key. Every key has a TTL that ends once its
+// state is at rest.
+//
+// Redis Cluster: every key that one decision touches carries the hash tag
+// of the request's top key — the parent key of the first limit that has a
+// Parent, or else the request's own key — so that the routes of one host
+// share that host's slot (and its parent limits' state), while different
+// hosts spread over the Cluster. Limits with different Parent functions
+// therefore keep their parent state per top key: give every parent limit
+// the same function (HostOf), or mind the difference.
+//
+// It is a Learner as Limits is: a hold is kept in Redis and told to the
+// fleet (a waiter whose turn it covers takes a new one after it), and a
+// provider's count in a dimension caps that dimension's limits fleet-wide.
+// For requests, the count less the requests this process has in flight:
+// the fleet's other instances' requests in flight are not known.
+//
+// When Redis fails or is slow (see WithCommandTimeout), the limiter falls
+// back to a local Limits at the instance's share of each limit (a bucket's
+// rate and a window's n divided by the live instances, learnt from the
+// fleet's heartbeats; a bucket keeps its burst, a window at least 1), and
+// returns once Redis answers again; grants made by the fallback settle
+// there. A settlement that cannot reach Redis is lost: the grant counts at
+// its estimate. Close stops its background goroutine. A SharedLimits is
+// safe for simultaneous use by multiple goroutines.
+type SharedLimits struct {
+	limits []Limit
+	fleet  *shared // heartbeats, the fallback, holds heard on the channel
+	script *redis.Script
+	holds  *holds         // the decisions, made as Limits makes them
+	margin time.Duration  // added to each window's length
+	args   []any          // the limits' arguments, the same for every call
+	spent  sync.WaitGroup // settlements of grants given back, in flight
+
+	mu    sync.Mutex
+	lanes keyed[*limitsLane] // guarded by mu; coalescing per request key
+}
+
+// NewSharedLimits returns limits enforced together for the whole fleet,
+// named name in rdb (a plain, failover or cluster client). See NewLimits
+// for the limits and NewSharedTokenBucket for the name, the options and
+// the errors; WithTransitMargin sets the windows' margin (default 5 ms),
+// and WithFallbackRate and WithAdaptive do not apply (each limit falls
+// back to its own share; Limits discovers nothing). It does not contact
+// Redis.
+func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opts ...SharedOption) (*SharedLimits, error) {
+	const op = "NewSharedLimits"
+	if err := validateLimits(op, limits); err != nil {
+		return nil, err
+	}
+	// The fleet machinery shares a rate; a SharedLimits has one per limit.
+	// Its reference rate is 1/s, so that the share the fallback is given
+	// (the reference over the live instances) is the fraction of each limit.
+	s, err := newShared(op, rdb, name, Per(1, time.Second), opts)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.fallbackRate != (Rate{}) {
+		return nil, configError(op+": WithFallbackRate", s.cfg.fallbackRate, "does not apply: each limit falls back to its share of the fleet")
+	}
+	if s.cfg.learn.policy != nil {
+		return nil, configError(op+": WithAdaptive", *s.cfg.learn.policy, "does not apply: a SharedLimits discovers no rate")
+	}
+	l := &SharedLimits{
+		limits: slices.Clone(limits),
+		fleet:  s,
+		script: redis.NewScript(lua.Limits),
+		margin: jitterTolerance,
+		lanes:  newKeyed[*limitsLane](),
+	}
+	if m := s.cfg.learn.margin; m != nil {
+		l.margin = *m
+	}
+	l.holds = newHolds(&s.clock)
+	l.args = append(l.args, len(l.limits))
+	for _, lim := range l.limits {
+		if lim.window {
+			l.args = append(l.args, 1, lim.n, micros(lim.w+l.margin))
+		} else {
+			l.args = append(l.args, 0, lim.n, 1e6*lim.rate.per.Seconds()/lim.rate.n)
+		}
+	}
+	s.shape = "lm"
+	s.local = func(share Rate) Limiter { return l.fallbackLimits(share.PerSecond()) }
+	s.start()
+	return l, nil
+}
+
+// fallbackLimits returns the local limits at fraction f of each limit: a
+// bucket at f of its rate with its whole burst (every cost granted in
+// shared mode is still granted), a window at f of its n, at least 1.
+func (l *SharedLimits) fallbackLimits(f float64) *Limits {
+	local := make([]Limit, len(l.limits))
+	for i, lim := range l.limits {
+		if lim.window {
+			lim.n = max(1, int(float64(lim.n)*f))
+		} else {
+			lim.rate = Rate{n: lim.rate.n * f, per: lim.rate.per}
+		}
+		local[i] = lim
+	}
+	fb, _ := NewLimits(local...) // valid: the limits were, scaled down
+	fb.margin = l.margin
+	fb.clock = l.fleet.clock
+	return fb
+}
+
+// limitsLane is the coalescing state of one request key: its Redis keys,
+// and the waiters queued for a call. Guarded by the limiter's mu.
+type limitsLane struct {
+	keys    []string
+	queue   []*limitsPending
+	leading bool
+}
+
+func (ln *limitsLane) atRest(time.Time) bool { return !ln.leading && len(ln.queue) == 0 }
+
+// limitsPending is one waiter's request.
+type limitsPending struct {
+	gone  bool // its waiter left before the call; guarded by mu
+	cost  Cost
+	limit time.Time // the latest turn it accepts; zero for none
+	res   chan limitsReply
+}
+
+// limitsReply is what the script said of one request.
+type limitsReply struct {
+	refused bool
+	wait    time.Duration // from the reply until the turn
+	turn    int64         // admitted: the turn, us of the server's clock
+	binding int           // refused: the limit that bound (1-based; 0 the hold)
+	at      time.Time     // when the reply came
+	err     error
+}
+
+// redisKeys returns the keys one decision for key touches: the key's hold,
+// then each limit's state and grants. They share the hash tag of the top
+// key (see SharedLimits).
+func (l *SharedLimits) redisKeys(key string) []string {
+	top := key
+	for i := range l.limits {
+		if l.limits[i].parent != nil {
+			top = l.limits[i].parent(key)
+			break
+		}
+	}
+	tag := "egress:{" + l.fleet.name + ":" + keyID(top) + "}:lm:"
+	keys := make([]string, 1, 1+2*len(l.limits))
+	keys[0] = tag + "hold:" + keyID(key)
+	for i := range l.limits {
+		k := tag + strconv.Itoa(i) + ":" + keyID(l.limits[i].key(key))
+		keys = append(keys, k, k+":g")
+	}
+	return keys
+}
+
+// Wait implements Limiter: cost is in requests.
+func (l *SharedLimits) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	g, err := l.WaitCost(ctx, key, Cost{Requests: cost}, maxWait)
+	return g.Waited, err
+}
+
+// WaitCost implements CostLimiter for the fleet: see Limits.WaitCost.
+func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
+	if d, neg := cost.negative(); neg {
+		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
+	}
+	for i := range l.limits {
+		if c := cost.Of(l.limits[i].dim); c > l.limits[i].n {
+			return Grant{}, &LimitError{Key: key, Cost: c, Reason: ReasonCostTooHigh}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return Grant{}, err
+	}
+	s := l.fleet
+	id := keyID(key)
+	start := s.clock.Now()
+	for {
+		if fb := s.fallback.Load(); fb != nil {
+			if s.cfg.failClosed {
+				return Grant{}, fmt.Errorf("%w: %s", ErrSharedUnavailable, s.name)
+			}
+			waited := s.clock.Now().Sub(start)
+			local := fb.limiter.(*Limits)
+			g, err := local.WaitCost(ctx, key, cost, remaining(maxWait, waited))
+			g.Waited += waited
+			g.local = local
+			return g, err
+		}
+		reservedAt := s.clock.Now()
+		b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
+		rep := l.reserve(ctx, key, cost, b, reservedAt)
+		switch {
+		case rep.err != nil && ctx.Err() != nil:
+			return Grant{}, ctx.Err()
+		case rep.err != nil:
+			s.failed(rep.err)
+			continue // to the fallback
+		case rep.refused:
+			c := cost.Requests
+			if i := rep.binding - 1; i >= 0 && i < len(l.limits) {
+				c = cost.Of(l.limits[i].dim)
+			}
+			return Grant{}, b.refuseWith(key, c, rep.wait, s.clock.Now())
+		}
+		g := Grant{Key: key, Cost: cost, At: rep.at.Add(rep.wait), turn: rep.turn}
+		if err := sleep(ctx, s.clock, g.At.Sub(s.clock.Now())); err != nil {
+			l.giveBack(g)
+			return Grant{}, err
+		}
+		if !s.pausedSince(id, reservedAt) {
+			g.Waited = s.clock.Now().Sub(start)
+			return g, nil
+		}
+		// A hold began after this turn was given: the turn falls inside
+		// it. Give it back and take one after the hold; the script knows it.
+		l.giveBack(g)
+	}
+}
+
+// giveBack settles g at nothing in the background: its waiter has gone.
+func (l *SharedLimits) giveBack(g Grant) {
+	l.spent.Add(1)
+	go func() {
+		defer l.spent.Done()
+		l.Settle(g, Cost{})
+	}()
+}
+
+// reserve asks Redis for a turn of cost on key, within b, in the key's
+// next call. A waiter whose context ends leaves at once; if its request
+// was already sent, its grant is given back.
+func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b budget, now time.Time) limitsReply {
+	p := &limitsPending{cost: cost, limit: b.deadline, res: make(chan limitsReply, 1)}
+	if b.maxWait > 0 && (p.limit.IsZero() || now.Add(b.maxWait).Before(p.limit)) {
+		p.limit = now.Add(b.maxWait)
+	}
+	l.mu.Lock()
+	ln, ok := l.lanes.get(key, now)
+	if !ok {
+		ln = &limitsLane{keys: l.redisKeys(key)}
+		l.lanes.put(key, ln)
+	}
+	ln.queue = append(ln.queue, p)
+	if !ln.leading {
+		ln.leading = true
+		go l.lead(key, ln)
+	}
+	l.mu.Unlock()
+	select {
+	case r := <-p.res:
+		return r
+	case <-ctx.Done():
+		l.mu.Lock()
+		p.gone = true
+		l.mu.Unlock()
+		// A call may already carry it: its turn, if given, goes back.
+		go func() {
+			if r := <-p.res; r.err == nil && !r.refused {
+				l.giveBack(Grant{Key: key, Cost: cost, turn: r.turn})
+			}
+		}()
+		return limitsReply{err: ctx.Err()}
+	}
+}
+
+// lead runs the script calls of key until its queue is empty: the waiters
+// that arrive during a call go together in the next.
+func (l *SharedLimits) lead(key string, ln *limitsLane) {
+	for {
+		l.mu.Lock()
+		var batch []*limitsPending
+		taken := 0
+		for _, p := range ln.queue {
+			if len(batch) == maxBatch {
+				break
+			}
+			taken++
+			if !p.gone {
+				batch = append(batch, p)
+			} else {
+				close(p.res) // its waiter left before the call: nothing to give back
+			}
+		}
+		ln.queue = slices.Delete(ln.queue, 0, taken)
+		if len(batch) == 0 && len(ln.queue) == 0 {
+			ln.leading = false
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		replies, err := l.run(ln.keys, batch)
+		for i, p := range batch {
+			if err != nil {
+				p.res <- limitsReply{err: err}
+			} else {
+				p.res <- replies[i]
+			}
+		}
+	}
+}
+
+// run makes one reservation call for batch.
+func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply, error) {
+	s := l.fleet
+	args := make([]any, 0, 1+len(l.args)+len(batch)*(len(l.limits)+1))
+	args = append(args, "reserve")
+	args = append(args, l.args...)
+	now := s.clock.Now()
+	for _, p := range batch {
+		for i := range l.limits {
+			args = append(args, p.cost.Of(l.limits[i].dim))
+		}
+		maxWait := int64(-1) // none
+		if !p.limit.IsZero() {
+			maxWait = max(micros(p.limit.Sub(now)), 0)
+		}
+		args = append(args, maxWait)
+	}
+	s.roundTrips.Add(1)
+	var reply any
+	err := s.do(context.Background(), func(ctx context.Context) error {
+		var err error
+		reply, err = l.script.Run(ctx, s.rdb, keys, args...).Result()
+		return err
+	})
+	at := s.clock.Now()
+	if err != nil {
+		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
+	}
+	out, err := parseLimitsReply(reply, len(batch), at)
+	if err != nil {
+		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
+	}
+	for _, r := range out {
+		if !r.refused {
+			s.admitted.Add(1)
+		}
+	}
+	return out, nil
+}
+
+// parseLimitsReply checks and reads a reservation's reply: the server's
+// now, then a (code, wait, turn or binding limit) triple a request. A
+// malformed reply is an error, never a panic.
+func parseLimitsReply(reply any, n int, at time.Time) ([]limitsReply, error) {
+	vals, ok := reply.([]any)
+	if !ok || len(vals) != 1+3*n {
+		return nil, fmt.Errorf("malformed reply %v: want %d values", reply, 1+3*n)
+	}
+	out := make([]limitsReply, n)
+	for i := range out {
+		code, ok1 := vals[1+3*i].(int64)
+		wait, ok2 := vals[2+3*i].(int64)
+		third, ok3 := vals[3+3*i].(int64)
+		if !ok1 || !ok2 || !ok3 || code < 0 || code > 1 || wait < 0 {
+			return nil, fmt.Errorf("malformed reply %v at request %d", reply, i)
+		}
+		r := limitsReply{refused: code == 1, wait: time.Duration(wait) * time.Microsecond, at: at}
+		if r.refused {
+			r.binding = int(third)
+		} else {
+			r.turn = third
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// Settle implements CostLimiter for the fleet: see Limits.Settle. It makes
+// one call, bounded by the command timeout; a grant the fallback made
+// settles there, and nothing is sent while Redis is unreachable.
+func (l *SharedLimits) Settle(g Grant, actual Cost) {
+	if actual == g.Cost || g.turn == 0 && g.local == nil {
+		return
+	}
+	if g.local != nil {
+		g.local.Settle(g, actual)
+		return
+	}
+	s := l.fleet
+	if s.fallback.Load() != nil {
+		return
+	}
+	args := make([]any, 0, 2+len(l.args)+2*len(l.limits))
+	args = append(args, "settle")
+	args = append(args, l.args...)
+	args = append(args, g.turn)
+	changed := false
+	for i := range l.limits {
+		lim := &l.limits[i]
+		from, to := g.Cost.Of(lim.dim), min(max(actual.Of(lim.dim), 0), lim.n)
+		changed = changed || from != to
+		args = append(args, from, to)
+	}
+	if !changed {
+		return
+	}
+	_ = s.do(context.Background(), func(ctx context.Context) error {
+		return l.script.Run(ctx, s.rdb, l.redisKeys(g.Key), args...).Err()
+	})
+}
+
+// Learn implements Learner for the fleet: see Limits.Learn. A hold is set
+// in Redis and told to the fleet; the counts cap the limits in Redis; one
+// call for both, none when the response holds nothing and counts nothing.
+func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decision {
+	d := l.holds.Learn(ctx, key, sig)
+	s := l.fleet
+	if fb := s.fallback.Load(); fb != nil {
+		fb.limiter.(*Limits).Learn(ctx, key, sig)
+		return d
+	}
+	now := s.clock.Now()
+	var holdFor int64
+	if d.Hold.After(now) {
+		holdFor = micros(d.Hold.Sub(now))
+	}
+	caps := make([]any, 0, 3*len(l.limits))
+	capped := false
+	counts := len(sig.Quotas) > 0 && (sig.throttled() || sig.Status/100 == 2)
+	for i := range l.limits {
+		keep, reset, bucket := -1.0, int64(0), 0
+		for _, q := range sig.Quotas {
+			if !counts || !q.HasRemaining || q.Dimension != l.limits[i].dim {
+				continue
+			}
+			k := q.Remaining
+			if q.Dimension == Requests {
+				k -= float64(sig.InFlight)
+			}
+			if k = max(k, 0); keep < 0 || k < keep {
+				keep, reset, bucket = k, 0, 0
+				if q.HasReset {
+					reset = micros(q.Reset)
+				}
+				if q.Kind == ResetKindBucket {
+					bucket = 1
+				}
+			}
+		}
+		if keep >= 0 && keep < float64(l.limits[i].n) {
+			capped = true
+		} else {
+			keep = -1
+		}
+		caps = append(caps, math.Floor(keep*1000)/1000, reset, bucket)
+	}
+	if holdFor == 0 && !capped {
+		return d
+	}
+	id := keyID(key)
+	if holdFor > 0 {
+		s.heard(id, d.Hold, now) // this process's waiters need not wait for the channel
+	}
+	args := make([]any, 0, 4+len(l.args)+len(caps))
+	args = append(args, "learn")
+	args = append(args, l.args...)
+	args = append(args, holdFor, s.channel(), id)
+	args = append(args, caps...)
+	err := s.do(context.Background(), func(ctx context.Context) error {
+		return l.script.Run(ctx, s.rdb, l.redisKeys(key), args...).Err()
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.failed(err)
+	}
+	return d
+}
+
+// Stats returns the limiter's counters.
+func (l *SharedLimits) Stats() SharedStats { return l.fleet.Stats() }
+
+// Close stops the limiter's background goroutine and removes the instance
+// from the fleet's count, after the grants being given back are: see
+// SharedTokenBucket.Close.
+func (l *SharedLimits) Close() error {
+	l.spent.Wait()
+	return l.fleet.Close()
+}
