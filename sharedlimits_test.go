@@ -3,9 +3,12 @@ package egress
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,4 +171,289 @@ func tooHigh(limits []Limit, cost Cost) bool {
 		}
 	}
 	return false
+}
+
+// TestSharedLimitsAllOrNothing: a request refused by the window takes
+// nothing from the bucket, and the instances share both.
+func TestSharedLimitsAllOrNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []Limit{BucketOf(Requests, PerMinute(1), 3), WindowOf(Tokens, 100, time.Minute)}
+	a := newSharedLimits(t, srv.Client(t), "aon", limits)
+	b := newSharedLimits(t, srv.Client(t), "aon", limits)
+	ctx := context.Background()
+	_, err := a.WaitCost(ctx, "k", Cost{Requests: 1, Tokens: 80}, 0)
+	require.NoError(t, err)
+	_, err = b.WaitCost(ctx, "k", Cost{Requests: 1, Tokens: 30}, 50*time.Millisecond)
+	var le *LimitError
+	require.ErrorAs(t, err, &le, "the window has 20 tokens left, fleet-wide")
+	assert.Equal(t, 30, le.Cost, "the cost in the dimension that refused")
+	assert.Greater(t, le.Wait, 50*time.Second)
+	for _, l := range []*SharedLimits{b, a} {
+		_, err = l.WaitCost(ctx, "k", Cost{Requests: 1}, 50*time.Millisecond)
+		require.NoError(t, err, "the refused request took no request from the bucket")
+	}
+	_, err = b.WaitCost(ctx, "k", Cost{Requests: 1}, 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrRateLimited, "the bucket's 3 are spent")
+	assert.Equal(t, int64(3), a.Stats().Admitted+b.Stats().Admitted)
+}
+
+// TestSharedLimitsWindowExactForTheFleet: two instances, 8 waiters each,
+// against 20 requests per 300 ms. The turns the script gave (on its clock)
+// hold at most 20 in any window of 300 ms, and the fleet uses it in full.
+func TestSharedLimitsWindowExactForTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	const n, w = 20, 300 * time.Millisecond
+	limits := []Limit{WindowOf(Requests, n, w)}
+	fleet := []*SharedLimits{newSharedLimits(t, srv.Client(t), "win", limits), newSharedLimits(t, srv.Client(t), "win", limits)}
+	var mu sync.Mutex
+	var turns []int64
+	end := time.Now().Add(1200 * time.Millisecond)
+	var wg sync.WaitGroup
+	for _, l := range fleet {
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(end) {
+					g, err := l.WaitCost(context.Background(), "k", Cost{Requests: 1}, 0)
+					if !assert.NoError(t, err) {
+						return
+					}
+					mu.Lock()
+					turns = append(turns, g.turn)
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	slices.Sort(turns)
+	span := micros(w + jitterTolerance)
+	for i := range turns {
+		j, _ := slices.BinarySearch(turns, turns[i]+span)
+		require.LessOrEqual(t, j-i, n, "grants in the window from turn %d", i)
+	}
+	elapsed := time.Duration(turns[len(turns)-1]-turns[0]) * time.Microsecond
+	windows := int(elapsed / (w + jitterTolerance)) // whole windows after the first turn's
+	assert.GreaterOrEqual(t, len(turns), n*windows, "each window of the run used in full over %v", elapsed)
+	a, b := fleet[0].Stats(), fleet[1].Stats()
+	assert.Less(t, a.RoundTrips+b.RoundTrips, a.Admitted+b.Admitted, "waiters of a key share calls")
+}
+
+// TestSharedLimitsParentOnCluster: per-route buckets under a host-wide
+// window, on a three-master Redis Cluster, from two instances: the routes
+// of a host share the host's slot, so that one script call decides both;
+// different hosts spread over the Cluster.
+func TestSharedLimitsParentOnCluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	limits := []Limit{BucketOf(Requests, PerMinute(1), 5), WindowOf(Requests, 8, time.Minute).Parent(HostOf)}
+	a := newSharedLimits(t, c.Client(t), "par", limits)
+	b := newSharedLimits(t, c.Client(t), "par", limits)
+	ctx := context.Background()
+	admitted := func(l *SharedLimits, key string, tries int) int {
+		n := 0
+		for range tries {
+			if _, err := l.WaitCost(ctx, key, Cost{Requests: 1}, 20*time.Millisecond); err == nil {
+				n++
+			} else {
+				require.ErrorIs(t, err, ErrRateLimited)
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 5, admitted(a, "api.example.com/v1/a", 7), "the route's burst")
+	assert.Equal(t, 3, admitted(b, "api.example.com/v1/b", 7), "the host's window has 3 left")
+	assert.Equal(t, 0, admitted(a, "api.example.com/v1/c", 2), "nor for any other route of the host")
+	for i := range 12 {
+		host := fmt.Sprintf("h%d.example.com", i)
+		assert.Equal(t, 1, admitted([]*SharedLimits{a, b}[i%2], host+"/x", 1), host)
+	}
+	assert.False(t, a.Stats().Fallback || b.Stats().Fallback, "no CROSSSLOT, no fallback")
+
+	perNode := map[string]int{}
+	var mu sync.Mutex
+	require.NoError(t, c.Client(t).ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		keys, err := n.Keys(ctx, "egress:{par:*").Result()
+		mu.Lock()
+		perNode[n.Options().Addr] = len(keys)
+		mu.Unlock()
+		return err
+	}))
+	spread := 0
+	for _, k := range perNode {
+		if k > 0 {
+			spread++
+		}
+	}
+	assert.GreaterOrEqual(t, spread, 2, "hosts spread over the Cluster: %v", perNode)
+}
+
+// TestSharedLimitsSettleFleetWide: a grant settled on one instance frees
+// (or takes) room on the other at once.
+func TestSharedLimitsSettleFleetWide(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []Limit{WindowOf(Tokens, 100, time.Minute), BucketOf(InputTokens, PerMinute(60), 100)}
+	a := newSharedLimits(t, srv.Client(t), "settle", limits)
+	b := newSharedLimits(t, srv.Client(t), "settle", limits)
+	ctx := context.Background()
+	g, err := a.WaitCost(ctx, "k", Cost{Tokens: 90, InputTokens: 90}, 0)
+	require.NoError(t, err)
+	_, err = b.WaitCost(ctx, "k", Cost{Tokens: 50}, 20*time.Millisecond)
+	require.ErrorIs(t, err, ErrRateLimited)
+	_, err = b.WaitCost(ctx, "k", Cost{InputTokens: 50}, 20*time.Millisecond)
+	require.ErrorIs(t, err, ErrRateLimited)
+	a.Settle(g, Cost{Tokens: 20, InputTokens: 20})
+	_, err = b.WaitCost(ctx, "k", Cost{Tokens: 50, InputTokens: 50}, 20*time.Millisecond)
+	require.NoError(t, err, "the refund of 70 is the fleet's")
+
+	// A charge beyond the estimate takes room from the fleet, at most n.
+	g, err = b.WaitCost(ctx, "k", Cost{Tokens: 1}, 20*time.Millisecond)
+	require.NoError(t, err)
+	b.Settle(g, Cost{Tokens: 1000})
+	_, err = a.WaitCost(ctx, "k", Cost{Tokens: 1}, 20*time.Millisecond)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Greater(t, le.Wait, 50*time.Second, "the charge counts as the whole window, from its turn")
+}
+
+// TestSharedLimitsCancelGivesBack: a waiter whose context ends gives its
+// grant back, fleet-wide.
+func TestSharedLimitsCancelGivesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	l := newSharedLimits(t, rdb, "cancel", []Limit{WindowOf(Requests, 2, time.Minute)})
+	ctx := context.Background()
+	for range 2 {
+		_, err := l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+		require.NoError(t, err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
+	_, err := l.WaitCost(cctx, "k", Cost{Requests: 1}, 0)
+	require.ErrorIs(t, err, context.Canceled)
+	l.spent.Wait()
+	grants := l.redisKeys("k")[2]
+	z, err := rdb.ZRangeWithScores(ctx, grants, 0, -1).Result()
+	require.NoError(t, err)
+	costs := 0
+	for _, m := range z {
+		costs += int(costOfMember(t, m.Member))
+	}
+	assert.Equal(t, 2, costs, "the cancelled grant takes nothing: %v", z)
+}
+
+func costOfMember(t *testing.T, m any) int64 {
+	s, ok := m.(string)
+	require.True(t, ok)
+	_, c, ok := strings.Cut(s, ":")
+	require.True(t, ok)
+	var n int64
+	_, err := fmt.Sscan(c, &n)
+	require.NoError(t, err)
+	return n
+}
+
+// TestSharedLimitsLearnHoldsAndCapsTheFleet: a 429's Retry-After heard by
+// one instance holds the key for the other, and a waiter already given a
+// turn inside the hold takes a new one after it; a provider's remaining
+// tokens cap the fleet's window.
+func TestSharedLimitsLearnHoldsAndCapsTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []Limit{BucketOf(Requests, PerSecond(5), 1), WindowOf(Tokens, 1000, time.Minute)}
+	a := newSharedLimits(t, srv.Client(t), "learn", limits)
+	b := newSharedLimits(t, srv.Client(t), "learn", limits)
+	ctx := context.Background()
+	_, err := b.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+	require.NoError(t, err)
+	// b's next turn is 200 ms away; a hears a 429 with Retry-After 1 s meanwhile.
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	now := time.Now()
+	d := a.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: http.StatusTooManyRequests, RetryAfter: time.Second, HasRetryAfter: true})
+	require.False(t, d.Hold.IsZero())
+	require.NoError(t, recvWithin(t, done))
+	assert.GreaterOrEqual(t, time.Since(start), time.Second, "the waiter given a turn inside the hold goes after it")
+	_, err = a.WaitCost(ctx, "other", Cost{Requests: 1}, 20*time.Millisecond)
+	require.NoError(t, err, "other keys are not held")
+
+	now = time.Now()
+	b.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: http.StatusOK, Quotas: []Quota{
+		{Dimension: Tokens, Remaining: 100, HasRemaining: true, Reset: 30 * time.Second, HasReset: true},
+	}})
+	_, err = a.WaitCost(ctx, "k", Cost{Tokens: 100}, 20*time.Millisecond)
+	require.NoError(t, err, "the 100 tokens the provider said remain")
+	_, err = a.WaitCost(ctx, "k", Cost{Tokens: 1}, 20*time.Millisecond)
+	var le *LimitError
+	require.ErrorAs(t, err, &le, "then none until the provider's reset")
+	assert.InDelta(t, 30*time.Second, le.Wait, float64(time.Second))
+}
+
+// TestSharedLimitsFallback: with Redis down, each instance runs a local
+// Limits at its share of each limit, and returns to Redis when it is back.
+func TestSharedLimitsFallback(t *testing.T) {
+	srv := redistest.Start(t)
+	var events []bool
+	var mu sync.Mutex
+	obs := WithFallbackObserver(func(_ string, active bool, _ error) {
+		mu.Lock()
+		events = append(events, active)
+		mu.Unlock()
+	})
+	limits := []Limit{WindowOf(Requests, 10, time.Minute), BucketOf(Tokens, PerMinute(600), 600)}
+	l, err := NewSharedLimits(srv.Client(t), "fb", limits, WithCommandTimeout(100*time.Millisecond), obs)
+	require.NoError(t, err)
+	defer func() { _ = l.Close() }()
+	peer := newSharedLimits(t, srv.Client(t), "fb", limits)
+	ctx := context.Background()
+	spinUntil(t, "both instances counted", func() bool { return l.Stats().LiveInstances == 2 })
+	srv.Stop()
+	admitted := 0
+	var g Grant
+	for range 8 {
+		gg, err := l.WaitCost(ctx, "k", Cost{Requests: 1, Tokens: 10}, 10*time.Millisecond)
+		if err == nil {
+			admitted++
+			g = gg
+		}
+	}
+	assert.True(t, l.Stats().Fallback)
+	assert.Equal(t, 5, admitted, "half of the window: two instances were live")
+	l.Settle(g, Cost{Requests: 1, Tokens: 5}) // settles in the fallback, never blocks
+	srv.Restart(t)
+	spinUntil(t, "back to Redis", func() bool { return !l.Stats().Fallback })
+	_, err = l.WaitCost(ctx, "k", Cost{Requests: 1}, 10*time.Millisecond)
+	require.NoError(t, err)
+	_ = peer
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []bool{true, false}, events)
+}
+
+// TestTransportSettlesUsageFleetWide: a Transport on one instance settles
+// a streamed response's usage in Redis: the other instance sees the
+// tokens the response used, not the estimate.
+func TestTransportSettlesUsageFleetWide(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []Limit{WindowOf(Requests, 100, time.Hour), WindowOf(Tokens, 1000, time.Hour)}
+	a := newSharedLimits(t, srv.Client(t), "usage", limits)
+	b := newSharedLimits(t, srv.Client(t), "usage", limits)
+	api := llmServer(t, openAIStream, func() int { return http.StatusOK })
+	tr, err := New(nil, WithLimiter(a), WithCosts(func(*http.Request) Cost { return Cost{Requests: 1, Tokens: 990} }))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Transport: tr}).Post(api.URL, "application/json", strings.NewReader(`{"max_tokens":990}`))
+	require.NoError(t, err)
+	key := strings.TrimPrefix(api.URL, "http://")
+	_, err = b.WaitCost(context.Background(), key, Cost{Tokens: 100}, 20*time.Millisecond)
+	require.ErrorIs(t, err, ErrRateLimited, "the estimate holds until the body's end")
+	b2, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, openAIStream, string(b2))
+	_, err = b.WaitCost(context.Background(), key, Cost{Tokens: 1000 - 19}, 20*time.Millisecond)
+	require.NoError(t, err, "settled fleet-wide at the usage's total_tokens (19)")
 }
