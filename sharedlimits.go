@@ -144,9 +144,13 @@ type limitsLane struct {
 	keys    []string
 	queue   []*limitsPending
 	leading bool
+	held    time.Time // the latest turn this process holds
+	called  time.Time // when the last call returned
 }
 
-func (ln *limitsLane) atRest(time.Time) bool { return !ln.leading && len(ln.queue) == 0 }
+func (ln *limitsLane) atRest(now time.Time) bool {
+	return !ln.leading && len(ln.queue) == 0 && !ln.held.After(now)
+}
 
 // limitsPending is one waiter's request.
 type limitsPending struct {
@@ -299,9 +303,35 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 }
 
 // lead runs the script calls of key until its queue is empty: the waiters
-// that arrive during a call go together in the next.
+// that arrive during a call go together in the next. While this process
+// holds turns in the future, the lead keeps new waiters back for a fifth
+// of the way from its last call to the last turn it holds, as a shared
+// token bucket's lead does (see coalesceShare), so that one call serves
+// the waiters that arrive meanwhile.
 func (l *SharedLimits) lead(key string, ln *limitsLane) {
+	s := l.fleet
 	for {
+		l.mu.Lock()
+		due := ln.called.Add(ln.held.Sub(ln.called) / coalesceShare)
+		l.mu.Unlock()
+		if d := due.Sub(s.clock.Now()); d > 0 {
+			t := s.clock.NewTimer(d)
+			select {
+			case <-t.C():
+			case <-s.stop:
+				// Closed: the waiters still queued go back to their
+				// callers rather than wait for a call that will not come.
+				t.Stop()
+				l.mu.Lock()
+				queue := ln.queue
+				ln.queue, ln.leading = nil, false
+				l.mu.Unlock()
+				for _, p := range queue {
+					p.res <- limitsReply{err: fmt.Errorf("egress: shared limiter %s: closed", s.name)}
+				}
+				return
+			}
+		}
 		l.mu.Lock()
 		var batch []*limitsPending
 		taken := 0
@@ -327,6 +357,16 @@ func (l *SharedLimits) lead(key string, ln *limitsLane) {
 			continue
 		}
 		replies, err := l.run(ln.keys, batch)
+		l.mu.Lock()
+		if err == nil {
+			ln.called = replies[0].at
+			for _, r := range replies {
+				if !r.refused {
+					ln.held = maxTime(ln.held, r.at.Add(r.wait))
+				}
+			}
+		}
+		l.mu.Unlock()
 		for i, p := range batch {
 			if err != nil {
 				p.res <- limitsReply{err: err}

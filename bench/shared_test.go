@@ -31,7 +31,8 @@ const (
 // goroutineCounts are the concurrencies of the shared benchmarks.
 var goroutineCounts = []int{1, 8, 64}
 
-// BenchmarkSharedWait: egress's SharedTokenBucket against redis_rate at
+// BenchmarkSharedWait: egress's SharedTokenBucket (and SharedLimits with
+// the same bucket as its one limit) against redis_rate at
 // 2000/s, burst 20, on one key of a local redis-server. One op is one
 // admitted request, so ns/op is 1/(admissions per second); the burst is
 // spent before the timer starts. Run it with a fixed count, e.g.
@@ -54,7 +55,10 @@ func benchShared(b *testing.B, rate, burst int) {
 	// By concurrency first, so that the libraries are measured close in time.
 	for _, g := range goroutineCounts {
 		b.Run(fmt.Sprintf("egress/g=%d", g), func(b *testing.B) {
-			benchEgress(b, rdb, &cmds, fmt.Sprintf("run%d", runs.Add(1)), g, rate, burst)
+			benchEgress(b, rdb, &cmds, fmt.Sprintf("run%d", runs.Add(1)), g, rate, burst, false)
+		})
+		b.Run(fmt.Sprintf("egress-limits/g=%d", g), func(b *testing.B) {
+			benchEgress(b, rdb, &cmds, fmt.Sprintf("run%d", runs.Add(1)), g, rate, burst, true)
 		})
 		b.Run(fmt.Sprintf("redis_rate/g=%d", g), func(b *testing.B) {
 			benchRedisRate(b, rdb, &cmds, fmt.Sprintf("run%d", runs.Add(1)), g, rate, burst)
@@ -113,9 +117,23 @@ func (h countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
-func benchEgress(b *testing.B, rdb *redis.Client, cmds *atomic.Int64, name string, g, rate, burst int) {
+// sharedLimiter is what benchEgress measures: SharedTokenBucket, or
+// SharedLimits with the same bucket as its one limit.
+type sharedLimiter interface {
+	egress.Limiter
+	Stats() egress.SharedStats
+	Close() error
+}
+
+func benchEgress(b *testing.B, rdb *redis.Client, cmds *atomic.Int64, name string, g, rate, burst int, limits bool) {
 	b.ReportAllocs()
-	lim, err := egress.NewSharedTokenBucket(rdb, name, egress.PerSecond(float64(rate)), burst)
+	var lim sharedLimiter
+	var err error
+	if limits {
+		lim, err = egress.NewSharedLimits(rdb, name, []egress.Limit{egress.BucketOf(egress.Requests, egress.PerSecond(float64(rate)), burst)})
+	} else {
+		lim, err = egress.NewSharedTokenBucket(rdb, name, egress.PerSecond(float64(rate)), burst)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -96,9 +96,10 @@ type strategy struct {
 // fleetEnv is what a fleet is built from: per pod, a connection pool seen
 // through the probe and, when the strategy needs one, a Redis client.
 type fleetEnv struct {
-	bases    []http.RoundTripper
-	rdbs     []*redis.Client
-	estimate func(*http.Request) egress.Cost
+	bases      []http.RoundTripper
+	rdbs       []*redis.Client
+	estimate   func(*http.Request) egress.Cost
+	closeAtEnd func(func() error) // runs f when the row ends, before the clients close
 }
 
 // row is a strategy against a provider enforcing its limits as enf.
@@ -115,19 +116,48 @@ func rows() []row {
 		{egressStrategy(noisy), fakellm.TokenBucket},
 		{egressStrategy(llmCost), fakellm.TokenBucket},
 		{splitStrategy(), fakellm.TokenBucket},
+		{sharedStrategy(noisy), fakellm.TokenBucket},
 		{redisRateStrategy(), fakellm.TokenBucket},
 		{egressStrategy(noisy), fakellm.SlidingWindow},
 		{egressStrategy(llmCost), fakellm.SlidingWindow},
+		{sharedStrategy(noisy), fakellm.SlidingWindow},
 	}
 }
 
-// egressStrategy is one Limits for the fleet (a window of RPM requests and
-// one of TPM tokens per minute), WithCosts settled from the usage, and
-// WithRetry with its defaults.
-func egressStrategy(est estimator) strategy {
-	return strategy{name: "egress Limits (windows) + WithCosts + WithRetry", estimate: est,
+// limits are egress's limits of the provider: a window of RPM requests and
+// one of TPM tokens per minute.
+var limits = []egress.Limit{egress.WindowOf(egress.Requests, rpm, minute), egress.WindowOf(egress.Tokens, tpm, minute)}
+
+// sharedStrategy is a SharedLimits per pod, each with its own Redis
+// client, as separate processes would have: the limits in Redis, settled
+// there from the usage; WithCosts and WithRetry as egressStrategy's.
+func sharedStrategy(est estimator) strategy {
+	return strategy{name: "egress SharedLimits (windows, Redis) + WithCosts + WithRetry", estimate: est, redis: true,
 		newPods: func(env fleetEnv) ([]func(*http.Request) (*http.Response, error), error) {
-			limits, err := egress.NewLimits(egress.WindowOf(egress.Requests, rpm, minute), egress.WindowOf(egress.Tokens, tpm, minute))
+			var dos []func(*http.Request) (*http.Response, error)
+			for i, base := range env.bases {
+				lim, err := egress.NewSharedLimits(env.rdbs[i], sharedName, limits)
+				if err != nil {
+					return nil, err
+				}
+				env.closeAtEnd(lim.Close)
+				tr, err := egress.New(base, egress.WithLimiter(lim), egress.WithCosts(env.estimate), egress.WithRetry(egress.RetryPolicy{}))
+				if err != nil {
+					return nil, err
+				}
+				dos = append(dos, (&http.Client{Transport: tr}).Do)
+			}
+			return dos, nil
+		}}
+}
+
+// egressStrategy is one Limits for the fleet's pods in this process (see
+// sharedStrategy for one per pod through Redis), WithCosts settled from
+// the usage, and WithRetry with its defaults.
+func egressStrategy(est estimator) strategy {
+	return strategy{name: "egress Limits (windows, one in process) + WithCosts + WithRetry", estimate: est,
+		newPods: func(env fleetEnv) ([]func(*http.Request) (*http.Response, error), error) {
+			limits, err := egress.NewLimits(limits...)
 			if err != nil {
 				return nil, err
 			}
@@ -329,7 +359,7 @@ func run(t *testing.T, st strategy, enf fakellm.Enforcement) outcome {
 			t.Errorf("closing the pods: %v", err)
 		}
 	})
-	env := fleetEnv{estimate: st.estimate.new()}
+	env := fleetEnv{estimate: st.estimate.new(), closeAtEnd: rec.Add}
 	for range pods {
 		env.bases = append(env.bases, rec.pool(workers))
 		if srv != nil {

@@ -201,7 +201,7 @@ type Pods struct {
 func (p *Pods) Pool(workers int) *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = workers
-	p.add(func() error { tr.CloseIdleConnections(); return nil })
+	p.Add(func() error { tr.CloseIdleConnections(); return nil })
 	return tr
 }
 
@@ -211,11 +211,13 @@ func (p *Pods) Redis(addr string) *redis.Client {
 		Addr:                     addr,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	p.add(rdb.Close)
+	p.Add(rdb.Close)
 	return rdb
 }
 
-func (p *Pods) add(f func() error) {
+// Add registers f to run at Close, before what was made earlier (a
+// limiter before its Redis client).
+func (p *Pods) Add(f func() error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closers = append(p.closers, f)
