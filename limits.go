@@ -1,9 +1,11 @@
 package egress
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -173,8 +175,10 @@ type Limits struct {
 	holds  *holds        // the keys' holds, kept as a Transport's own
 	margin time.Duration // added to each window's length: see NewLimits
 
-	mu     sync.Mutex
-	states []keyed[*limitState] // one map per limit; guarded by mu
+	mu      sync.Mutex
+	states  []keyed[*limitState] // one map per limit; guarded by mu
+	waiters []*limitsWaiter      // guarded by mu: the requests waiting for their turns
+	seq     uint64               // guarded by mu: the waiters made
 }
 
 // limitState is one key's state of one limit: a bucket's tat, or a
@@ -249,6 +253,10 @@ func (l *Limits) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 // made it wait longest), and when ctx ends during the wait it returns
 // ctx.Err() and gives every limit its capacity back. A cost above a limit's
 // burst or n fails at once with ErrCostTooHigh.
+//
+// A request that waits for a turn in windows only may go sooner than the
+// turn it was first given: when a settlement gives room back, the waiters'
+// turns are given again, in their order (see replan).
 func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
 	if d, neg := cost.negative(); neg {
 		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
@@ -256,20 +264,149 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 	if err := ctx.Err(); err != nil {
 		return Grant{}, err
 	}
-	g, now, err := l.reserve(key, cost, waitBudget(ctx, maxWait))
-	if err != nil {
-		return Grant{}, err
+	l.mu.Lock()
+	g, now, err := l.reserveLocked(key, cost, waitBudget(ctx, maxWait))
+	if err != nil || !g.At.After(now) {
+		l.mu.Unlock()
+		return g, err
 	}
-	d := g.At.Sub(now)
-	if d <= 0 {
-		return g, nil
+	l.seq++
+	w := &limitsWaiter{key: key, cost: cost, at: g.At, seq: l.seq, moved: make(chan struct{}, 1)}
+	l.waiters = append(l.waiters, w)
+	l.mu.Unlock()
+	for {
+		l.mu.Lock()
+		d := w.at.Sub(l.clock.Now())
+		l.mu.Unlock()
+		if d <= 0 {
+			break
+		}
+		t := l.clock.NewTimer(d)
+		select {
+		case <-t.C():
+		case <-w.moved:
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			l.mu.Lock()
+			l.unwait(w)
+			g.At = w.at
+			l.settleLocked(g, Cost{}, l.clock.Now())
+			l.mu.Unlock()
+			return Grant{}, ctx.Err()
+		}
 	}
-	if err := sleep(ctx, l.clock, d); err != nil {
-		l.Settle(g, Cost{})
-		return Grant{}, err
-	}
-	g.Waited = d
+	l.mu.Lock()
+	l.unwait(w)
+	g.At = w.at
+	l.mu.Unlock()
+	g.Waited = g.At.Sub(now)
 	return g, nil
+}
+
+// limitsWaiter is a request waiting for its turn. Its fields are guarded by
+// the Limits' mu.
+type limitsWaiter struct {
+	key   string
+	cost  Cost
+	at    time.Time     // its turn, which replan may move
+	seq   uint64        // its place among waiters of the same turn
+	moved chan struct{} // buffered: told when at moves
+}
+
+// unwait forgets w. The caller holds mu.
+func (l *Limits) unwait(w *limitsWaiter) {
+	if i := slices.Index(l.waiters, w); i >= 0 {
+		l.waiters = slices.Delete(l.waiters, i, i+1)
+	}
+}
+
+// replan gives the waiters' turns again, in the order of their turns,
+// after a settlement gave a window room back: the turns given while the
+// requests in flight still counted at their estimate come sooner once
+// their actual cost is known. It is done only when every waiter counts in
+// windows only (a bucket's theoretical arrival time cannot give a turn
+// back exactly) and every waiter's grant is found where it was given;
+// otherwise nothing moves. Each waiter takes the first turn every limit
+// allows again, as reserve would (no earlier than the key's hold), and is
+// told when its turn moved. The caller holds mu.
+func (l *Limits) replan(now time.Time) {
+	var buf [32]*limitsWaiter
+	ws := buf[:0]
+	for _, w := range l.waiters {
+		if !w.at.After(now) {
+			continue // its turn has come: its waiter is on its way
+		}
+		for i := range l.limits {
+			if w.cost.Of(l.limits[i].dim) > 0 && !l.limits[i].window {
+				return
+			}
+		}
+		ws = append(ws, w)
+	}
+	if len(ws) == 0 {
+		return
+	}
+	slices.SortFunc(ws, func(a, b *limitsWaiter) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
+	// Take every waiter's grant out, the last first, or none.
+	for _, w := range ws {
+		if !l.holdsGrantOf(w) {
+			return
+		}
+	}
+	for j := len(ws) - 1; j >= 0; j-- {
+		w := ws[j]
+		for i := range l.limits {
+			if c := w.cost.Of(l.limits[i].dim); c > 0 {
+				l.states[i].m[l.limits[i].key(w.key)].log.remove(w.at, c)
+			}
+		}
+	}
+	for _, w := range ws {
+		at := now
+		if d, _ := l.holds.remaining(w.key); d > 0 {
+			at = now.Add(d)
+		}
+		for i := range l.limits {
+			lim := &l.limits[i]
+			if c := w.cost.Of(lim.dim); c > 0 {
+				at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now))
+			}
+		}
+		for i := range l.limits {
+			lim := &l.limits[i]
+			if c := w.cost.Of(lim.dim); c > 0 {
+				l.state(i, w.key, now).take(lim, c, at)
+			}
+		}
+		if !at.Equal(w.at) {
+			w.at = at
+			select {
+			case w.moved <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// holdsGrantOf reports whether every window w counts in holds its grant.
+func (l *Limits) holdsGrantOf(w *limitsWaiter) bool {
+	for i := range l.limits {
+		c := w.cost.Of(l.limits[i].dim)
+		if c == 0 {
+			continue
+		}
+		st, ok := l.states[i].m[l.limits[i].key(w.key)]
+		if !ok || st.log.find(w.at, c) < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // reserve gives a request of cost the first turn, at or after now, at
@@ -278,6 +415,11 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 func (l *Limits) reserve(key string, cost Cost, b budget) (Grant, time.Time, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.reserveLocked(key, cost, b)
+}
+
+// reserveLocked is reserve; the caller holds mu.
+func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Time, error) {
 	now := l.clock.Now()
 	at, binding := now, -1
 	if d, _ := l.holds.remaining(key); d > 0 {
@@ -388,6 +530,17 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()
+	if l.settleLocked(g, actual, now) && len(l.waiters) > 0 {
+		l.replan(now)
+	}
+}
+
+// settleLocked is Settle; it reports whether a window gave room back. The
+// caller holds mu.
+func (l *Limits) settleLocked(g Grant, actual Cost, now time.Time) (refunded bool) {
+	if actual == g.Cost || g.At.IsZero() {
+		return false
+	}
 	for i := range l.limits {
 		lim := &l.limits[i]
 		// A charge beyond the limit's whole capacity counts as that: one
@@ -409,6 +562,7 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 			s.log.trim(now) // a grant that has left the window is not adjusted
 			switch {
 			case from > 0 && s.log.adjust(g.At, from, to):
+				refunded = refunded || to < from
 			case to <= from:
 				// a refund of a turn that has left the window: nothing to give back
 			case g.At.Add(s.log.w).After(now) && from == 0:
@@ -426,6 +580,7 @@ func (l *Limits) Settle(g Grant, actual Cost) {
 			s.refund(lim, from-to, g.At, now)
 		}
 	}
+	return refunded
 }
 
 // Learn implements Learner. It holds the key as a Transport's own holds do

@@ -360,3 +360,52 @@ func TestLimitsLearnHugeCount(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, d)
 }
+
+// TestLimitsRefundMovesWaitersSooner: two requests wait behind one whose
+// estimate (80) fills the window; when it settles at 20, both go at once,
+// in their order; a waiter that also counts in a bucket is not moved.
+func TestLimitsRefundMovesWaitersSooner(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Tokens, 100, time.Second))
+	_, g, err := reserveIn(t, l, "k", Cost{Tokens: 80}, budget{})
+	require.NoError(t, err)
+	type result struct {
+		g   Grant
+		err error
+	}
+	res := make(chan result, 2)
+	for i, c := range []int{50, 30} {
+		go func() {
+			g, err := l.WaitCost(context.Background(), "k", Cost{Tokens: c}, 0)
+			res <- result{g, err}
+		}()
+		fc.WaitTimers(i + 1) // in this order
+	}
+	fc.Advance(100 * time.Millisecond)
+	l.Settle(g, Cost{Tokens: 20})
+	for range 2 {
+		r := recvWithin(t, res)
+		require.NoError(t, r.err)
+		assert.Equal(t, 100*time.Millisecond, r.g.Waited, "both go once the refund makes room")
+		assert.Equal(t, fc.Now(), r.g.At)
+	}
+	// The window holds 20 + 50 + 30 at their new turns: full until the first leaves.
+	d, _, err := reserveIn(t, l, "k", Cost{Tokens: 20}, budget{})
+	require.NoError(t, err)
+	assert.Equal(t, 900*time.Millisecond, d)
+
+	// A waiter that counts in a bucket keeps its turn.
+	b, fc := newLimitsOnFake(t, WindowOf(Tokens, 100, time.Second), BucketOf(Requests, PerSecond(100), 10))
+	_, g, err = reserveIn(t, b, "k", Cost{Requests: 1, Tokens: 80}, budget{})
+	require.NoError(t, err)
+	go func() {
+		g, err := b.WaitCost(context.Background(), "k", Cost{Requests: 1, Tokens: 50}, 0)
+		res <- result{g, err}
+	}()
+	fc.WaitTimers(1)
+	fc.Advance(100 * time.Millisecond)
+	b.Settle(g, Cost{Requests: 1, Tokens: 20})
+	fc.Advance(900 * time.Millisecond)
+	r := recvWithin(t, res)
+	require.NoError(t, r.err)
+	assert.Equal(t, time.Second, r.g.Waited)
+}

@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -189,6 +190,28 @@ func (g *grantLog) adjust(at time.Time, from, to int) bool {
 		}
 	}
 	return false
+}
+
+// find returns the index of the last grant of cost at turn at, or -1.
+func (g *grantLog) find(at time.Time, cost int) int {
+	for i := len(g.at) - 1; i >= g.first; i-- {
+		if g.at[i].Equal(at) && int(g.cost[i]) == cost {
+			return i
+		}
+		if g.at[i].Before(at) {
+			return -1
+		}
+	}
+	return -1
+}
+
+// remove takes the grant of cost at turn at out of the log, if it is in it.
+func (g *grantLog) remove(at time.Time, cost int) {
+	if i := g.find(at, cost); i >= 0 {
+		g.at = slices.Delete(g.at, i, i+1)
+		g.cost = slices.Delete(g.cost, i, i+1)
+		g.sum -= cost
+	}
 }
 
 // trim drops the grants that left the window by now, and compacts the log
