@@ -167,8 +167,9 @@ func (l *Limit) key(key string) string {
 // limiter does (a Retry-After, an exhausted requests quota), and a
 // provider's count in a dimension (remaining tokens, remaining requests
 // less those in flight) caps the room of that dimension's limits: see
-// Learn. It is local (one process); its windows keep a transit margin (see
-// NewLimits). It is safe for simultaneous use by multiple goroutines.
+// Learn. It is local (one process: SharedLimits is its fleet-wide form);
+// its windows keep a transit margin (see NewLimits). It is safe for
+// simultaneous use by multiple goroutines.
 type Limits struct {
 	limits []Limit
 	clock  clock.Clock
