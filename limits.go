@@ -292,7 +292,7 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 			l.mu.Lock()
 			l.unwait(w)
 			g.At = w.at
-			l.settleLocked(g, Cost{}, l.clock.Now())
+			l.cancelLocked(g, l.clock.Now())
 			l.mu.Unlock()
 			return Grant{}, ctx.Err()
 		}
@@ -303,6 +303,14 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 	l.mu.Unlock()
 	g.Waited = g.At.Sub(now)
 	return g, nil
+}
+
+// cancelLocked gives back the grant of a waiter that left before its
+// turn, and gives the other waiters their turns again. The caller holds mu.
+func (l *Limits) cancelLocked(g Grant, now time.Time) {
+	if l.settleLocked(g, Cost{}, now) && len(l.waiters) > 0 {
+		l.replan(now)
+	}
 }
 
 // limitsWaiter is a request waiting for its turn. Its fields are guarded by
@@ -364,7 +372,11 @@ func (l *Limits) replan(now time.Time) {
 		w := ws[j]
 		for i := range l.limits {
 			if c := w.cost.Of(l.limits[i].dim); c > 0 {
-				l.states[i].m[l.limits[i].key(w.key)].log.remove(w.at, c)
+				log := &l.states[i].m[l.limits[i].key(w.key)].log
+				log.remove(w.at, c)
+				// The turns given back to 0 (their waiters left) would
+				// hold the turns after them in place.
+				log.dropZeroAfter(now)
 			}
 		}
 	}
@@ -379,10 +391,14 @@ func (l *Limits) replan(now time.Time) {
 				at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now))
 			}
 		}
+		// Never later than the turn it had, which still fits: the turns
+		// before it moved sooner or stayed. (Only a hold learnt after the
+		// turn was given could ask for later, and a waiter keeps its turn
+		// through such a hold, as it did before.)
+		at = minTime(at, w.at)
 		for i := range l.limits {
-			lim := &l.limits[i]
-			if c := w.cost.Of(lim.dim); c > 0 {
-				l.state(i, w.key, now).take(lim, c, at)
+			if c := w.cost.Of(l.limits[i].dim); c > 0 {
+				l.state(i, w.key, now).log.insert(at, c) // a window: replan moves no bucket's turn
 			}
 		}
 		if !at.Equal(w.at) {

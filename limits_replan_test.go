@@ -93,18 +93,23 @@ func TestLimitsReplanProperties(t *testing.T) {
 				}
 				l.Settle(Grant{Key: g.key, Cost: g.est, At: g.at}, actual)
 				g.actual, g.settled = actual, true
-			default: // a waiter's context ends
+			default: // a waiter's context ends, as WaitCost's does
+				var waiting []*grant
 				for _, g := range grants {
 					if g.w != nil {
-						l.mu.Lock()
-						l.unwait(g.w)
-						g.at = g.w.at
-						l.settleLocked(Grant{Key: g.key, Cost: g.est, At: g.at}, Cost{}, fc.Now())
-						l.mu.Unlock()
-						g.w, g.gone, g.actual = nil, true, Cost{}
-						break
+						waiting = append(waiting, g)
 					}
 				}
+				if len(waiting) == 0 {
+					continue
+				}
+				g := waiting[rng.IntN(len(waiting))]
+				l.mu.Lock()
+				l.unwait(g.w)
+				g.at = g.w.at
+				l.cancelLocked(Grant{Key: g.key, Cost: g.est, At: g.at}, fc.Now())
+				l.mu.Unlock()
+				g.w, g.gone, g.actual = nil, true, Cost{}
 			}
 		}
 		l.mu.Lock()

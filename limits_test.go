@@ -409,3 +409,35 @@ func TestLimitsRefundMovesWaitersSooner(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.Equal(t, time.Second, r.g.Waited)
 }
+
+// TestLimitsCancelledWaiterHoldsNoOneBack: a waiter that leaves gives its
+// turn back, and its empty turn does not keep the waiters before it from
+// moving sooner.
+func TestLimitsCancelledWaiterHoldsNoOneBack(t *testing.T) {
+	l, fc := newLimitsOnFake(t, WindowOf(Requests, 1, time.Second))
+	_, a, err := reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
+	require.NoError(t, err)
+	type result struct {
+		g   Grant
+		err error
+	}
+	b, c := make(chan result, 1), make(chan result, 1)
+	go func() {
+		g, err := l.WaitCost(context.Background(), "k", Cost{Requests: 1}, 0)
+		b <- result{g, err}
+	}()
+	fc.WaitTimers(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		g, err := l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+		c <- result{g, err}
+	}()
+	fc.WaitTimers(2)
+	cancel()
+	require.ErrorIs(t, recvWithin(t, c).err, context.Canceled)
+	fc.Advance(100 * time.Millisecond)
+	l.Settle(a, Cost{}) // the first request is refused by the provider: it cost nothing
+	r := recvWithin(t, b)
+	require.NoError(t, r.err)
+	assert.Equal(t, 100*time.Millisecond, r.g.Waited, "B goes now, not after C's empty turn")
+}

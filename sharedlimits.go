@@ -38,9 +38,11 @@ import (
 // of the request's top key — the parent key of the first limit that has a
 // Parent, or else the request's own key — so that the routes of one host
 // share that host's slot (and its parent limits' state), while different
-// hosts spread over the Cluster. Limits with different Parent functions
-// therefore keep their parent state per top key: give every parent limit
-// the same function (HostOf), or mind the difference.
+// hosts spread over the Cluster. A parent limit's state is therefore kept
+// per top key: a limit whose parent spans several top keys (an account
+// above several hosts, listed after a HostOf limit) is enforced per top
+// key, not across them. Give every parent limit the same Parent function;
+// for an account above several hosts, key the requests by the account.
 //
 // It is a Learner as Limits is: a hold is kept in Redis and told to the
 // fleet (a waiter whose turn it covers takes a new one after it), and a
@@ -51,9 +53,10 @@ import (
 // When Redis fails or is slow (see WithCommandTimeout), the limiter falls
 // back to a local Limits at the instance's share of each limit (a bucket's
 // rate and a window's n divided by the live instances, learnt from the
-// fleet's heartbeats; a bucket keeps its burst, a window at least 1), and
-// returns once Redis answers again; grants made by the fallback settle
-// there. A settlement that cannot reach Redis is lost: the grant counts at
+// fleet's heartbeats; a bucket keeps its burst, a window at least 1: a
+// cost above a window's share is refused with ErrCostTooHigh while Redis
+// is down), and returns once Redis answers again; grants made by the
+// fallback settle there. A settlement that cannot reach Redis is lost: the grant counts at
 // its estimate. Close stops its background goroutine. A SharedLimits is
 // safe for simultaneous use by multiple goroutines.
 type SharedLimits struct {
@@ -63,10 +66,12 @@ type SharedLimits struct {
 	holds  *holds         // the decisions, made as Limits makes them
 	margin time.Duration  // added to each window's length
 	args   []any          // the limits' arguments, the same for every call
-	spent  sync.WaitGroup // settlements of grants given back, in flight
+	stop   chan struct{}  // closed by Close: the leads stop holding back
+	work   sync.WaitGroup // leads, give-backs and cancelled waiters' watchers
 
-	mu    sync.Mutex
-	lanes keyed[*limitsLane] // guarded by mu; coalescing per request key
+	mu     sync.Mutex
+	closed bool               // guarded by mu; no work starts once set
+	lanes  keyed[*limitsLane] // guarded by mu; coalescing per request key
 }
 
 // NewSharedLimits returns limits enforced together for the whole fleet,
@@ -100,6 +105,7 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		script: redis.NewScript(lua.Limits),
 		margin: jitterTolerance,
 		lanes:  newKeyed[*limitsLane](),
+		stop:   make(chan struct{}),
 	}
 	if m := s.cfg.learn.margin; m != nil {
 		l.margin = *m
@@ -144,8 +150,11 @@ type limitsLane struct {
 	keys    []string
 	queue   []*limitsPending
 	leading bool
-	held    time.Time // the latest turn this process holds
-	called  time.Time // when the last call returned
+	held    time.Time     // the latest turn this process holds
+	called  time.Time     // when the last call returned
+	rtt     time.Duration // the last call's round trip
+	due     time.Time     // when the lead means to call next; zero while it calls
+	wake    chan struct{} // buffered: a waiter that cannot wait until due
 }
 
 func (ln *limitsLane) atRest(now time.Time) bool {
@@ -197,7 +206,9 @@ func (l *SharedLimits) Wait(ctx context.Context, key string, cost int, maxWait t
 	return g.Waited, err
 }
 
-// WaitCost implements CostLimiter for the fleet: see Limits.WaitCost.
+// WaitCost implements CostLimiter for the fleet: see Limits.WaitCost. A
+// turn once given stays: unlike a Limits, a SharedLimits does not give
+// waiters sooner turns when a settlement gives room back.
 func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
 	if d, neg := cost.negative(); neg {
 		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
@@ -231,6 +242,8 @@ func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxW
 		switch {
 		case rep.err != nil && ctx.Err() != nil:
 			return Grant{}, ctx.Err()
+		case errors.Is(rep.err, ErrSharedUnavailable):
+			return Grant{}, rep.err // closed
 		case rep.err != nil:
 			s.failed(rep.err)
 			continue // to the fallback
@@ -258,11 +271,27 @@ func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxW
 
 // giveBack settles g at nothing in the background: its waiter has gone.
 func (l *SharedLimits) giveBack(g Grant) {
-	l.spent.Add(1)
+	l.goWork(func() { l.Settle(g, Cost{}) })
+}
+
+// goWork runs f on a goroutine that Close waits for; once closed, it runs
+// nothing (a grant not given back makes the fleet send less, never more).
+func (l *SharedLimits) goWork(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.work.Add(1)
 	go func() {
-		defer l.spent.Done()
-		l.Settle(g, Cost{})
+		defer l.work.Done()
+		f()
 	}()
+}
+
+// closedErr is the error of a request made of a closed limiter.
+func (l *SharedLimits) closedErr() error {
+	return fmt.Errorf("%w: %s: closed", ErrSharedUnavailable, l.fleet.name)
 }
 
 // reserve asks Redis for a turn of cost on key, within b, in the key's
@@ -274,15 +303,27 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 		p.limit = now.Add(b.maxWait)
 	}
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return limitsReply{err: l.closedErr()}
+	}
 	ln, ok := l.lanes.get(key, now)
 	if !ok {
-		ln = &limitsLane{keys: l.redisKeys(key)}
+		ln = &limitsLane{keys: l.redisKeys(key), wake: make(chan struct{}, 1)}
 		l.lanes.put(key, ln)
 	}
 	ln.queue = append(ln.queue, p)
-	if !ln.leading {
+	switch {
+	case !ln.leading:
 		ln.leading = true
+		l.work.Add(1)
 		go l.lead(key, ln)
+	case !p.limit.IsZero() && !ln.due.IsZero() && p.limit.Before(ln.due.Add(2*ln.rtt+time.Millisecond)):
+		// The lead is holding back longer than this waiter can wait.
+		select {
+		case ln.wake <- struct{}{}:
+		default:
+		}
 	}
 	l.mu.Unlock()
 	select {
@@ -293,11 +334,11 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 		p.gone = true
 		l.mu.Unlock()
 		// A call may already carry it: its turn, if given, goes back.
-		go func() {
-			if r := <-p.res; r.err == nil && !r.refused {
-				l.giveBack(Grant{Key: key, Cost: cost, turn: r.turn})
+		l.goWork(func() {
+			if r := <-p.res; r.err == nil && !r.refused && r.turn != 0 {
+				l.Settle(Grant{Key: key, Cost: cost, turn: r.turn}, Cost{})
 			}
-		}()
+		})
 		return limitsReply{err: ctx.Err()}
 	}
 }
@@ -309,30 +350,42 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 // token bucket's lead does (see coalesceShare), so that one call serves
 // the waiters that arrive meanwhile.
 func (l *SharedLimits) lead(key string, ln *limitsLane) {
+	defer l.work.Done()
 	s := l.fleet
 	for {
 		l.mu.Lock()
 		due := ln.called.Add(ln.held.Sub(ln.called) / coalesceShare)
+		// No later than the first queued waiter's latest turn allows.
+		for _, p := range ln.queue {
+			if !p.gone && !p.limit.IsZero() {
+				due = minTime(due, p.limit.Add(-2*ln.rtt-time.Millisecond))
+			}
+		}
+		ln.due = due
 		l.mu.Unlock()
 		if d := due.Sub(s.clock.Now()); d > 0 {
 			t := s.clock.NewTimer(d)
 			select {
 			case <-t.C():
-			case <-s.stop:
+			case <-ln.wake:
+				t.Stop()
+				continue // due again, with the new waiter's limit
+			case <-l.stop:
 				// Closed: the waiters still queued go back to their
 				// callers rather than wait for a call that will not come.
 				t.Stop()
 				l.mu.Lock()
 				queue := ln.queue
-				ln.queue, ln.leading = nil, false
+				ln.queue, ln.leading, ln.due = nil, false, time.Time{}
 				l.mu.Unlock()
 				for _, p := range queue {
-					p.res <- limitsReply{err: fmt.Errorf("egress: shared limiter %s: closed", s.name)}
+					p.res <- limitsReply{err: l.closedErr()}
 				}
 				return
 			}
 		}
 		l.mu.Lock()
+		ln.due = time.Time{}
 		var batch []*limitsPending
 		taken := 0
 		for _, p := range ln.queue {
@@ -356,10 +409,11 @@ func (l *SharedLimits) lead(key string, ln *limitsLane) {
 		if len(batch) == 0 {
 			continue
 		}
+		start := s.clock.Now()
 		replies, err := l.run(ln.keys, batch)
 		l.mu.Lock()
 		if err == nil {
-			ln.called = replies[0].at
+			ln.called, ln.rtt = replies[0].at, replies[0].at.Sub(start)
 			for _, r := range replies {
 				if !r.refused {
 					ln.held = maxTime(ln.held, r.at.Add(r.wait))
@@ -497,7 +551,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	capped := false
 	counts := len(sig.Quotas) > 0 && (sig.throttled() || sig.Status/100 == 2)
 	for i := range l.limits {
-		keep, reset, bucket := -1.0, int64(0), 0
+		keep, reset, bucket := -1.0, int64(-1), 0
 		for _, q := range sig.Quotas {
 			if !counts || !q.HasRemaining || q.Dimension != l.limits[i].dim {
 				continue
@@ -507,9 +561,9 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 				k -= float64(sig.InFlight)
 			}
 			if k = max(k, 0); keep < 0 || k < keep {
-				keep, reset, bucket = k, 0, 0
+				keep, reset, bucket = k, -1, 0 // -1: no reset
 				if q.HasReset {
-					reset = micros(q.Reset)
+					reset = max(micros(q.Reset), 0)
 				}
 				if q.Kind == ResetKindBucket {
 					bucket = 1
@@ -547,10 +601,19 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 // Stats returns the limiter's counters.
 func (l *SharedLimits) Stats() SharedStats { return l.fleet.Stats() }
 
-// Close stops the limiter's background goroutine and removes the instance
-// from the fleet's count, after the grants being given back are: see
-// SharedTokenBucket.Close.
+// Close stops the limiter: the waiters queued for a call return an error
+// matching ErrSharedUnavailable, the calls under way and the grants being
+// given back finish (each within the command timeout), and then the
+// background goroutine stops and the instance leaves the fleet's count
+// (see SharedTokenBucket.Close). Grants whose waiters leave after Close
+// are not given back: the fleet sends less, never more.
 func (l *SharedLimits) Close() error {
-	l.spent.Wait()
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.stop)
+	}
+	l.mu.Unlock()
+	l.work.Wait()
 	return l.fleet.Close()
 }

@@ -153,6 +153,9 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 			default: // a provider's count of tokens
 				q := Quota{Dimension: Tokens, Remaining: float64(1 + rng.IntN(30)), HasRemaining: true,
 					Reset: time.Duration(rng.IntN(3000)) * time.Millisecond, HasReset: rng.IntN(2) == 0, Kind: ResetKind(rng.IntN(3))}
+				if rng.IntN(5) == 0 {
+					q.Reset = 0 // a reset of 0 is one, not none
+				}
 				sig := Signal{Now: now, Status: http.StatusOK, Quotas: []Quota{q}}
 				key := keys[rng.IntN(len(keys))]
 				local.Learn(context.Background(), key, sig)
@@ -331,7 +334,7 @@ func TestSharedLimitsCancelGivesBack(t *testing.T) {
 	time.AfterFunc(50*time.Millisecond, cancel)
 	_, err := l.WaitCost(cctx, "k", Cost{Requests: 1}, 0)
 	require.ErrorIs(t, err, context.Canceled)
-	l.spent.Wait()
+	l.work.Wait() // the give-back, and the lead
 	grants := l.redisKeys("k")[2]
 	z, err := rdb.ZRangeWithScores(ctx, grants, 0, -1).Result()
 	require.NoError(t, err)
@@ -456,4 +459,80 @@ func TestTransportSettlesUsageFleetWide(t *testing.T) {
 	assert.Equal(t, openAIStream, string(b2))
 	_, err = b.WaitCost(context.Background(), key, Cost{Tokens: 1000 - 19}, 20*time.Millisecond)
 	require.NoError(t, err, "settled fleet-wide at the usage's total_tokens (19)")
+}
+
+// TestSharedLimitsMaxWaitWhileTheLeadHoldsBack: while this process holds a
+// turn far ahead, its lead keeps new waiters back for a while; a waiter
+// whose max wait is shorter is refused at once all the same.
+func TestSharedLimitsMaxWaitWhileTheLeadHoldsBack(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newSharedLimits(t, srv.Client(t), "holdback", []Limit{WindowOf(Requests, 2, 10*time.Second)})
+	ctx := context.Background()
+	for range 2 {
+		_, err := l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+		require.NoError(t, err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _, _ = l.WaitCost(wctx, "k", Cost{Requests: 1}, 0) }() // a turn 10 s away
+	spinUntil(t, "a turn held far ahead", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		ln, ok := l.lanes.m["k"]
+		return ok && ln.held.After(time.Now().Add(5*time.Second))
+	})
+	start := time.Now()
+	_, err := l.WaitCost(ctx, "k", Cost{Requests: 1}, 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrRateLimited)
+	assert.Less(t, time.Since(start), 500*time.Millisecond, "refused soon, not after the lead's hold-back")
+}
+
+// TestSharedLimitsClose: Close returns the waiters still queued with an
+// error, waits for the calls and give-backs under way, and a closed
+// limiter refuses without falling back.
+func TestSharedLimitsClose(t *testing.T) {
+	srv := redistest.Start(t)
+	fallbacks := 0
+	l, err := NewSharedLimits(srv.Client(t), "close", []Limit{WindowOf(Requests, 1, time.Minute)},
+		WithCommandTimeout(roomyTimeout), WithFallbackObserver(func(string, bool, error) { fallbacks++ }))
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.WaitCost(wctx, "k", Cost{Requests: 1}, 0) // a turn a minute away
+		done <- err
+	}()
+	spinUntil(t, "a turn held", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		ln, ok := l.lanes.m["k"]
+		return ok && ln.held.After(time.Now())
+	})
+	// A third waiter queues behind the lead's hold-back.
+	third := make(chan error, 1)
+	go func() {
+		_, err := l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+		third <- err
+	}()
+	spinUntil(t, "the third queued", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.lanes.m["k"].queue) == 1
+	})
+	require.NoError(t, l.Close())
+	require.ErrorIs(t, recvWithin(t, third), ErrSharedUnavailable)
+	_, err = l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
+	require.ErrorIs(t, err, ErrSharedUnavailable)
+	assert.Zero(t, fallbacks, "a closed limiter does not fall back")
+	select {
+	case err := <-done:
+		t.Fatalf("the waiter with a turn returned %v", err)
+	default: // it sleeps until its turn: a minute, under its own context
+	}
+	cancel()
+	require.ErrorIs(t, recvWithin(t, done), context.Canceled, "and leaves when its context ends; its grant is not given back")
 }

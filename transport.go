@@ -705,6 +705,13 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // CloseIdleConnections closes the idle connections of the base RoundTripper,
 // when it has such a method, so that http.Client.CloseIdleConnections works
 // through a Transport.

@@ -26,7 +26,7 @@
 --   learn:   the hold's length from now (us; 0 for none), the channel
 --            and the key id to tell a hold on, then a triple a limit: (the units the provider said remain,
 --            -1 when it said nothing of the limit's dimension; its reset in
---            us, 0 for none; 1 when its reset means "until the bucket is
+--            us, -1 for none; 1 when its reset means "until the bucket is
 --            full", else 0). Returns 0.
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -134,7 +134,8 @@ local function save()
     if s.dirty then
       if kind[i] == 0 then
         local ttl = math.ceil((s.a - now) / 1000) + 1000
-        redis.call('HSET', KEYS[2 * i], 'a', string.format('%.0f', s.a), 'b', string.format('%.0f', s.b))
+        -- tat rounded up to the microsecond: never a turn early
+        redis.call('HSET', KEYS[2 * i], 'a', string.format('%.0f', math.ceil(s.a)), 'b', string.format('%.0f', s.b))
         redis.call('PEXPIRE', KEYS[2 * i], math.max(ttl, 1000))
       else
         local last = redis.call('ZRANGE', KEYS[2 * i + 1], -1, -1, 'WITHSCORES')
@@ -250,7 +251,7 @@ if op == 'learn' then
         s.dirty = true
       else
         local w = span[i]
-        if reset <= 0 or reset > w then reset = w end
+        if reset < 0 or reset > w then reset = w end
         local held = s.a
         if not bucketProvider then
           held = 0
