@@ -372,11 +372,7 @@ func (l *Limits) replan(now time.Time) {
 		w := ws[j]
 		for i := range l.limits {
 			if c := w.cost.Of(l.limits[i].dim); c > 0 {
-				log := &l.states[i].m[l.limits[i].key(w.key)].log
-				log.remove(w.at, c)
-				// The turns given back to 0 (their waiters left) would
-				// hold the turns after them in place.
-				log.dropZeroAfter(now)
+				l.states[i].m[l.limits[i].key(w.key)].log.remove(w.at, c)
 			}
 		}
 	}
@@ -580,6 +576,9 @@ func (l *Limits) settleLocked(g Grant, actual Cost, now time.Time) (refunded boo
 			switch {
 			case from > 0 && s.log.adjust(g.At, from, to):
 				refunded = refunded || to < from
+				if to == 0 && g.At.After(now) {
+					s.log.remove(g.At, 0) // a turn still to come, given back: replan gives the turns after it again
+				}
 			case to <= from:
 				// a refund of a turn that has left the window: nothing to give back
 			case g.At.Add(s.log.w).After(now) && from == 0:

@@ -209,6 +209,7 @@ type shared struct {
 	id       string // this instance, in the fleet's heartbeat set
 	clock    clock.Clock
 	local    func(share Rate) Limiter // the fallback at a share of the rate
+	onMoved  func(id, payload string) // a SharedLimits' moved turns, "<key id> m <payload>"; nil for others
 	coalesce bool                     // false only in measurements
 
 	learn                                         learnConfig
@@ -571,11 +572,18 @@ func (s *shared) beat() {
 	}
 }
 
-// hear records a pause announced on the channel, "<key id> <us left>", or
+// hear records a pause announced on the channel, "<key id> <us left>"; the
+// turns a SharedLimits moved, "<key id> m <...>" (see SharedLimits.moved); or
 // a decrease of the key's rate, "<key id> x<old over new> <us until the
 // turns after it are spread>" (the end of the key's hold).
 func (s *shared) hear(payload string) {
 	id, left, ok := strings.Cut(payload, " ")
+	if moved, isMove := strings.CutPrefix(left, "m "); ok && isMove {
+		if s.onMoved != nil {
+			s.onMoved(id, moved)
+		}
+		return
+	}
 	if f, isLower := strings.CutPrefix(left, "x"); ok && isLower {
 		f, from, _ := strings.Cut(f, " ")
 		factor, err1 := strconv.ParseFloat(f, 64)

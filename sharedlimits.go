@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,9 +27,13 @@ import (
 // A request refused takes nothing from any limit. A waiter whose context
 // ends after it was given a turn, or whose turn falls inside a hold heard
 // of afterwards, gives its grant back with one more call (a settlement to
-// zero). Settle settles a grant fleet-wide, with one call.
+// zero). Settle settles a grant fleet-wide, with one call. When every
+// limit is a window and none is a parent's, a settlement that gives room
+// back gives the turns still to come again, sooner, fleet-wide (see
+// WaitCost).
 //
-// In Redis, a bucket keeps a hash (its tat and last turn) per key; a window
+// In Redis, a key's hash tag keeps a counter of grant ids; a bucket keeps
+// a hash (its tat and last turn) per key; a window
 // keeps a hash (its sum) and a sorted set with one member (about 60 bytes)
 // per grant still in the window, so a window of 1,000 per hour used to its
 // limit holds about 60 KB per key. Every key has a TTL that ends once its
@@ -69,9 +74,24 @@ type SharedLimits struct {
 	stop   chan struct{}  // closed by Close: the leads stop holding back
 	work   sync.WaitGroup // leads, give-backs and cancelled waiters' watchers
 
-	mu     sync.Mutex
-	closed bool               // guarded by mu; no work starts once set
-	lanes  keyed[*limitsLane] // guarded by mu; coalescing per request key
+	replan  bool // every limit a window, none a parent's: the script gives turns again on a refund
+	mu      sync.Mutex
+	closed  bool                     // guarded by mu; no work starts once set
+	lanes   keyed[*limitsLane]       // guarded by mu; coalescing per request key
+	waiting map[string]*sharedWaiter // guarded by mu; by "<key id>:<grant id>"
+}
+
+// sharedWaiter is a request of this process waiting for its turn, which
+// the script may move sooner (see replan in limits.lua).
+type sharedWaiter struct {
+	moved chan movedTurn // buffered: the latest move
+}
+
+// movedTurn is a waiter's new turn: on the server's clock, and when it is
+// due on this process's.
+type movedTurn struct {
+	turn int64
+	due  time.Time
 }
 
 // NewSharedLimits returns limits enforced together for the whole fleet,
@@ -100,12 +120,17 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		return nil, configError(op+": WithAdaptive", *s.cfg.learn.policy, "does not apply: a SharedLimits discovers no rate")
 	}
 	l := &SharedLimits{
-		limits: slices.Clone(limits),
-		fleet:  s,
-		script: redis.NewScript(lua.Limits),
-		margin: jitterTolerance,
-		lanes:  newKeyed[*limitsLane](),
-		stop:   make(chan struct{}),
+		limits:  slices.Clone(limits),
+		fleet:   s,
+		script:  redis.NewScript(lua.Limits),
+		margin:  jitterTolerance,
+		lanes:   newKeyed[*limitsLane](),
+		stop:    make(chan struct{}),
+		waiting: make(map[string]*sharedWaiter),
+	}
+	l.replan = true
+	for _, lim := range limits {
+		l.replan = l.replan && lim.window && lim.parent == nil
 	}
 	if m := s.cfg.learn.margin; m != nil {
 		l.margin = *m
@@ -121,6 +146,7 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 	}
 	s.shape = "lm"
 	s.local = func(share Rate) Limiter { return l.fallbackLimits(share.PerSecond()) }
+	s.onMoved = l.moved
 	s.start()
 	return l, nil
 }
@@ -174,6 +200,7 @@ type limitsReply struct {
 	refused bool
 	wait    time.Duration // from the reply until the turn
 	turn    int64         // admitted: the turn, us of the server's clock
+	gid     int64         // admitted: the grant's id
 	binding int           // refused: the limit that bound (1-based; 0 the hold)
 	at      time.Time     // when the reply came
 	err     error
@@ -191,13 +218,13 @@ func (l *SharedLimits) redisKeys(key string) []string {
 		}
 	}
 	tag := "egress:{" + l.fleet.name + ":" + keyID(top) + "}:lm:"
-	keys := make([]string, 1, 1+2*len(l.limits))
+	keys := make([]string, 1, 2+2*len(l.limits))
 	keys[0] = tag + "hold:" + keyID(key)
 	for i := range l.limits {
 		k := tag + strconv.Itoa(i) + ":" + keyID(l.limits[i].key(key))
 		keys = append(keys, k, k+":g")
 	}
-	return keys
+	return append(keys, tag+"gid")
 }
 
 // Wait implements Limiter: cost is in requests.
@@ -206,9 +233,11 @@ func (l *SharedLimits) Wait(ctx context.Context, key string, cost int, maxWait t
 	return g.Waited, err
 }
 
-// WaitCost implements CostLimiter for the fleet: see Limits.WaitCost. A
-// turn once given stays: unlike a Limits, a SharedLimits does not give
-// waiters sooner turns when a settlement gives room back.
+// WaitCost implements CostLimiter for the fleet: see Limits.WaitCost. When
+// every limit is a window and none is a parent's, a settlement that gives
+// room back gives the fleet's waiters their turns again, sooner, as a
+// Limits does (the script tells the moves on the channel); otherwise a
+// turn once given stays.
 func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
 	if d, neg := cost.negative(); neg {
 		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
@@ -255,7 +284,7 @@ func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxW
 			return Grant{}, b.refuseWith(key, c, rep.wait, s.clock.Now())
 		}
 		g := Grant{Key: key, Cost: cost, At: rep.at.Add(rep.wait), turn: rep.turn}
-		if err := sleep(ctx, s.clock, g.At.Sub(s.clock.Now())); err != nil {
+		if err := l.sleep(ctx, id, rep.gid, &g); err != nil {
 			l.giveBack(g)
 			return Grant{}, err
 		}
@@ -266,6 +295,79 @@ func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxW
 		// A hold began after this turn was given: the turn falls inside
 		// it. Give it back and take one after the hold; the script knows it.
 		l.giveBack(g)
+	}
+}
+
+// sleep waits for g's turn, which a refund elsewhere in the fleet may move
+// sooner (the script tells the moves on the channel; see moved).
+func (l *SharedLimits) sleep(ctx context.Context, id string, gid int64, g *Grant) error {
+	clk := l.fleet.clock
+	if !g.At.After(clk.Now()) {
+		return nil
+	}
+	if !l.replan {
+		return sleep(ctx, clk, g.At.Sub(clk.Now()))
+	}
+	name := id + ":" + strconv.FormatInt(gid, 10)
+	w := &sharedWaiter{moved: make(chan movedTurn, 1)}
+	l.mu.Lock()
+	l.waiting[name] = w
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.waiting, name)
+		l.mu.Unlock()
+	}()
+	for {
+		d := g.At.Sub(clk.Now())
+		if d <= 0 {
+			return nil
+		}
+		t := clk.NewTimer(d)
+		select {
+		case <-t.C():
+		case m := <-w.moved:
+			t.Stop()
+			if m.turn < g.turn {
+				g.At, g.turn = m.due, m.turn
+			}
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// moved hears the turns a settlement moved: "<now> <grant id>:<turn> ..."
+// (us of the server's clock) for the key of id.
+func (l *SharedLimits) moved(id, payload string) {
+	now := l.fleet.clock.Now()
+	fields := strings.Fields(payload)
+	if len(fields) < 2 {
+		return
+	}
+	server, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range fields[1:] {
+		gid, turn, ok := strings.Cut(f, ":")
+		w, found := l.waiting[id+":"+gid]
+		if !ok || !found {
+			continue
+		}
+		t, err := strconv.ParseInt(turn, 10, 64)
+		if err != nil || t < server-int64(time.Hour/time.Microsecond) {
+			continue
+		}
+		m := movedTurn{turn: t, due: now.Add(time.Duration(t-server) * time.Microsecond)}
+		select {
+		case <-w.moved: // replaced by the latest
+		default:
+		}
+		w.moved <- m
 	}
 }
 
@@ -472,26 +574,27 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 }
 
 // parseLimitsReply checks and reads a reservation's reply: the server's
-// now, then a (code, wait, turn or binding limit) triple a request. A
+// now, then a (code, wait, turn or binding limit, grant id) quadruple a request. A
 // malformed reply is an error, never a panic.
 func parseLimitsReply(reply any, n int, at time.Time) ([]limitsReply, error) {
 	vals, ok := reply.([]any)
-	if !ok || len(vals) != 1+3*n {
-		return nil, fmt.Errorf("malformed reply %v: want %d values", reply, 1+3*n)
+	if !ok || len(vals) != 1+4*n {
+		return nil, fmt.Errorf("malformed reply %v: want %d values", reply, 1+4*n)
 	}
 	out := make([]limitsReply, n)
 	for i := range out {
-		code, ok1 := vals[1+3*i].(int64)
-		wait, ok2 := vals[2+3*i].(int64)
-		third, ok3 := vals[3+3*i].(int64)
-		if !ok1 || !ok2 || !ok3 || code < 0 || code > 1 || wait < 0 {
+		code, ok1 := vals[1+4*i].(int64)
+		wait, ok2 := vals[2+4*i].(int64)
+		third, ok3 := vals[3+4*i].(int64)
+		gid, ok4 := vals[4+4*i].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || code < 0 || code > 1 || wait < 0 {
 			return nil, fmt.Errorf("malformed reply %v at request %d", reply, i)
 		}
 		r := limitsReply{refused: code == 1, wait: time.Duration(wait) * time.Microsecond, at: at}
 		if r.refused {
 			r.binding = int(third)
 		} else {
-			r.turn = third
+			r.turn, r.gid = third, gid
 		}
 		out[i] = r
 	}
@@ -513,7 +616,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if s.fallback.Load() != nil {
 		return
 	}
-	args := make([]any, 0, 2+len(l.args)+2*len(l.limits))
+	args := make([]any, 0, 5+len(l.args)+2*len(l.limits))
 	args = append(args, "settle")
 	args = append(args, l.args...)
 	args = append(args, g.turn)
@@ -527,6 +630,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if !changed {
 		return
 	}
+	args = append(args, boolArg(l.replan), s.channel(), keyID(g.Key))
 	_ = s.do(context.Background(), func(ctx context.Context) error {
 		return l.script.Run(ctx, s.rdb, l.redisKeys(g.Key), args...).Err()
 	})
@@ -616,4 +720,11 @@ func (l *SharedLimits) Close() error {
 	l.mu.Unlock()
 	l.work.Wait()
 	return l.fleet.Close()
+}
+
+func boolArg(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -84,18 +84,20 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 	rates := []Rate{PerSecond(1), PerSecond(10), PerSecond(50), PerSecond(100), PerSecond(1000), PerMinute(20)}
 	dims := []Dimension{Requests, Tokens, InputTokens}
 	const schedules, steps = 500, 60
+	moved := 0 // turns given again sooner, alike: the schedules exercise it
 	for sch := range schedules {
 		rng := rand.New(rand.NewPCG(42, uint64(sch)))
 		var limits []Limit
+		windowsOnly := sch%2 == 0 // half the schedules: turns are given again on a refund
 		for range 1 + rng.IntN(3) {
 			d := dims[rng.IntN(len(dims))]
 			var lim Limit
-			if rng.IntN(2) == 0 {
+			if !windowsOnly && rng.IntN(2) == 0 {
 				lim = BucketOf(d, rates[rng.IntN(len(rates))], 1+rng.IntN(20))
 			} else {
 				lim = WindowOf(d, 1+rng.IntN(50), time.Duration(1+rng.IntN(2000))*time.Millisecond)
 			}
-			if rng.IntN(3) == 0 {
+			if !windowsOnly && rng.IntN(3) == 0 {
 				lim = lim.Parent(HostOf)
 			}
 			limits = append(limits, lim)
@@ -104,12 +106,32 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 		shared, err := NewSharedLimits(rdb, fmt.Sprintf("agree%d", sch), limits, WithCommandTimeout(roomyTimeout), WithTransitMargin(0))
 		require.NoError(t, err)
 		onFakeClock(t, shared, fc)
-		type pair struct{ local, shared Grant }
-		var grants []pair
+		// A grant whose turn is to come has a waiter, as WaitCost registers
+		// it, when the script gives turns again (every limit a window, none
+		// a parent's): the Limits then gives the same turns again.
+		type pair struct {
+			local, shared Grant
+			w             *limitsWaiter
+		}
+		var grants []*pair
 		keys := []string{"h/a", "h/b", "g/a"}
 		for step := range steps {
 			fc.Advance(time.Duration(rng.IntN(300)) * time.Millisecond)
 			now := fc.Now()
+			local.mu.Lock()
+			for _, g := range grants {
+				if g.w != nil {
+					if g.w.at.Before(g.local.At) {
+						moved++
+					}
+					g.local.At, g.shared.turn = g.w.at, g.w.at.UnixMicro()
+					if !g.w.at.After(now) {
+						local.unwait(g.w) // its waiter wakes and goes
+						g.w = nil
+					}
+				}
+			}
+			local.mu.Unlock()
 			require.NoError(t, rdb.Set(context.Background(), fakeNowKey, now.UnixMicro(), 0).Err())
 			where := fmt.Sprintf("schedule %d step %d (limits %v)", sch, step, limits)
 			switch op := rng.IntN(10); {
@@ -123,7 +145,15 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					maxWait = 0 // none
 				}
-				lg, _, lerr := local.reserve(key, cost, budget{maxWait: maxWait})
+				local.mu.Lock()
+				lg, _, lerr := local.reserveLocked(key, cost, budget{maxWait: maxWait})
+				var w *limitsWaiter
+				if lerr == nil && shared.replan && lg.At.After(now) {
+					local.seq++
+					w = &limitsWaiter{key: key, cost: cost, at: lg.At, seq: local.seq, moved: make(chan struct{}, 1)}
+					local.waiters = append(local.waiters, w)
+				}
+				local.mu.Unlock()
 				if tooHigh(limits, cost) {
 					continue // refused before the script, alike
 				}
@@ -138,7 +168,7 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 				if lerr == nil {
 					require.Equal(t, lg.At.Sub(now), r.wait, "%s: wait", where)
 					require.Equal(t, lg.At.UnixMicro(), r.turn, "%s: turn", where)
-					grants = append(grants, pair{lg, Grant{Key: key, Cost: cost, turn: r.turn}})
+					grants = append(grants, &pair{lg, Grant{Key: key, Cost: cost, turn: r.turn}, w})
 				}
 			case op < 9 && len(grants) > 0: // a settlement
 				i := rng.IntN(len(grants))
@@ -147,6 +177,14 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 				var actual Cost
 				for _, d := range dims {
 					actual = limCostWith(actual, d, rng.IntN(16))
+				}
+				if g.w != nil { // a waiter leaves before its turn
+					local.mu.Lock()
+					local.unwait(g.w)
+					local.cancelLocked(g.local, now)
+					local.mu.Unlock()
+					shared.Settle(g.shared, Cost{})
+					continue
 				}
 				local.Settle(g.local, actual)
 				shared.Settle(g.shared, actual)
@@ -164,6 +202,8 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 		}
 		require.NoError(t, shared.Close())
 	}
+	t.Logf("%d turns given again sooner", moved)
+	require.Greater(t, moved, 30)
 }
 
 // tooHigh reports whether cost is above a limit's capacity.
@@ -535,4 +575,42 @@ func TestSharedLimitsClose(t *testing.T) {
 	}
 	cancel()
 	require.ErrorIs(t, recvWithin(t, done), context.Canceled, "and leaves when its context ends; its grant is not given back")
+}
+
+// TestSharedLimitsRefundMovesTheFleetsWaiters: a request of one instance
+// waits behind another's estimate; when that settles lower, the waiter's
+// turn is given again, sooner, and it is told on the channel.
+func TestSharedLimitsRefundMovesTheFleetsWaiters(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []Limit{WindowOf(Tokens, 100, 10*time.Second)}
+	a := newSharedLimits(t, srv.Client(t), "moves", limits)
+	b := newSharedLimits(t, srv.Client(t), "moves", limits)
+	require.True(t, a.replan)
+	ctx := context.Background()
+	g, err := a.WaitCost(ctx, "k", Cost{Tokens: 90}, 0)
+	require.NoError(t, err)
+	type result struct {
+		g   Grant
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		g, err := b.WaitCost(ctx, "k", Cost{Tokens: 50}, 0)
+		done <- result{g, err}
+	}()
+	spinUntil(t, "b waits", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiting) == 1
+	})
+	time.Sleep(50 * time.Millisecond)
+	a.Settle(g, Cost{Tokens: 20})
+	r := recvWithin(t, done)
+	require.NoError(t, r.err)
+	assert.Less(t, time.Since(start), 2*time.Second, "b goes once a's refund makes room, not after 10 s")
+	// Its grant is where the script moved it: it settles there.
+	b.Settle(r.g, Cost{Tokens: 10})
+	_, err = a.WaitCost(ctx, "k", Cost{Tokens: 70}, 20*time.Millisecond)
+	require.NoError(t, err, "20 + 10 taken, 70 left")
 }

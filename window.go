@@ -192,17 +192,6 @@ func (g *grantLog) adjust(at time.Time, from, to int) bool {
 	return false
 }
 
-// dropZeroAfter takes out of the log the grants of cost 0 whose turns are
-// after t (turns given back).
-func (g *grantLog) dropZeroAfter(t time.Time) {
-	for i := len(g.at) - 1; i >= g.first && g.at[i].After(t); i-- {
-		if g.cost[i] == 0 {
-			g.at = slices.Delete(g.at, i, i+1)
-			g.cost = slices.Delete(g.cost, i, i+1)
-		}
-	}
-}
-
 // find returns the index of the last grant of cost at turn at, or -1.
 func (g *grantLog) find(at time.Time, cost int) int {
 	for i := len(g.at) - 1; i >= g.first; i-- {

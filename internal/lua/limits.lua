@@ -7,8 +7,11 @@
 -- KEYS[1]        the request key's hold: no turn before this server time (us)
 -- KEYS[2i], KEYS[2i+1]  limit i's state: a hash (a bucket's tat and last
 --                turn given, a window's sum and sequence), and a window's
---                grants: a sorted set, one member a grant ("<seq>:<cost>"),
---                scored by its turn (us); unused by a bucket
+--                grants: a sorted set, one member a grant, scored by its
+--                turn (us): "<grant id>:<cost>" for a reservation (the same
+--                id in every window it takes from), "k<seq>:<cost>" for a
+--                charge or a cap; unused by a bucket
+-- KEYS[2L+2]     the grant ids' counter of the key's hash tag
 -- ARGV[1]  the operation: reserve, settle or learn
 -- ARGV[2]  L, the number of limits
 -- ARGV[3], ... three values a limit: its kind (0 a bucket, 1 a window), n
@@ -20,9 +23,16 @@
 --            a request: (code, wait in us, its turn in us of server time or,
 --            refused, the limit that bound: 1-based, 0 for the hold); code
 --            0 = admitted after wait, 1 = refused: wait exceeds its max
---            wait. A refused request takes nothing.
+--            wait; and its grant id (0 when refused). A refused request
+--            takes nothing.
 --   settle:  the grant's turn (us), then a pair a limit: (the cost granted,
---            the actual cost, at most n). Returns 0.
+--            the actual cost, at most n), then whether to replan (1 or 0:
+--            every limit a window, none a parent's), the channel and the
+--            key id to tell moved turns on. When a window gives room back
+--            and replan is 1, the grants whose turns are still to come are
+--            given their turns again, in order (never later), and the
+--            moves are told: "<key id> m <now> <grant id>:<turn> ...".
+--            Returns 0.
 --   learn:   the hold's length from now (us; 0 for none), the channel
 --            and the key id to tell a hold on, then a triple a limit: (the units the provider said remain,
 --            -1 when it said nothing of the limit's dimension; its reset in
@@ -107,8 +117,9 @@ local function earliest(i, c, from)
   return at
 end
 
--- take grants c at turn at of limit i.
-local function take(i, c, at)
+-- take grants c at turn at of limit i, as grant gid (nil: a charge or a
+-- cap, named by the window's sequence).
+local function take(i, c, at, gid)
   local s = state(i)
   s.dirty = true
   if kind[i] == 0 then
@@ -118,7 +129,7 @@ local function take(i, c, at)
   end
   s.b = s.b + 1
   s.a = s.a + c
-  redis.call('ZADD', KEYS[2 * i + 1], at, s.b .. ':' .. c)
+  redis.call('ZADD', KEYS[2 * i + 1], at, (gid or ('k' .. s.b)) .. ':' .. c)
 end
 
 -- insert records a grant of c at turn at of window i (a charge after the
@@ -155,6 +166,7 @@ local hold = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if op == 'reserve' then
   local out = {now}
   local k = at0
+  local GID = KEYS[2 * L + 2]
   while k + L <= #ARGV do
     local at, binding = math.max(now, hold), 0
     for i = 1, L do
@@ -171,23 +183,86 @@ if op == 'reserve' then
       table.insert(out, 1)
       table.insert(out, wait)
       table.insert(out, binding)
+      table.insert(out, 0)
     else
+      local gid = redis.call('INCR', GID)
       for i = 1, L do
         local c = tonumber(ARGV[k + i - 1])
-        if c > 0 then take(i, c, at) end
+        if c > 0 then take(i, c, at, gid) end
       end
       table.insert(out, 0)
       table.insert(out, wait)
       table.insert(out, at)
+      table.insert(out, gid)
     end
     k = k + L + 1
   end
+  redis.call('PEXPIRE', GID, 86400000) -- a day after the last grant
   save()
   return out
 end
 
+-- replan gives the grants of the windows whose turns are still to come
+-- their turns again, in the order of their turns (then of their ids), and
+-- returns the moves: Limits.replan's arithmetic. Turns given back (cost 0)
+-- are dropped.
+local function replan()
+  local grants, byId = {}, {}
+  for i = 1, L do
+    local z = KEYS[2 * i + 1]
+    local ms = redis.call('ZRANGEBYSCORE', z, '(' .. string.format('%.0f', now), '+inf', 'WITHSCORES')
+    for j = 1, #ms, 2 do
+      local id, c = string.match(ms[j], '^(%d+):(%d+)$')
+      if id then
+        local g = byId[id]
+        if not g then
+          g = {id = tonumber(id), turn = tonumber(ms[j + 1]), costs = {}}
+          byId[id] = g
+          table.insert(grants, g)
+        end
+        g.costs[i] = tonumber(c)
+        redis.call('ZREM', z, ms[j])
+        local s = state(i)
+        s.a, s.dirty = s.a - tonumber(c), true
+      end
+    end
+  end
+  table.sort(grants, function(a, b)
+    if a.turn ~= b.turn then return a.turn < b.turn end
+    return a.id < b.id
+  end)
+  local moved = {}
+  for _, g in ipairs(grants) do
+    local any = false
+    for i = 1, L do
+      if (g.costs[i] or 0) > 0 then any = true end
+    end
+    if any then
+      local at = math.max(now, hold)
+      for i = 1, L do
+        local c = g.costs[i] or 0
+        if c > 0 then at = math.max(at, earliest(i, c, now)) end
+      end
+      at = math.min(math.ceil(at), g.turn) -- never later than its turn
+      for i = 1, L do
+        local c = g.costs[i] or 0
+        if c > 0 then
+          local s = state(i)
+          s.a, s.dirty = s.a + c, true
+          redis.call('ZADD', KEYS[2 * i + 1], at, g.id .. ':' .. c)
+        end
+      end
+      if at ~= g.turn then
+        table.insert(moved, string.format('%d:%.0f', g.id, at))
+      end
+    end
+  end
+  return moved
+end
+
 if op == 'settle' then
   local turn = tonumber(ARGV[at0])
+  local refunded = false
   for i = 1, L do
     local from, to = tonumber(ARGV[at0 + 2 * i - 1]), tonumber(ARGV[at0 + 2 * i])
     if from ~= to then
@@ -209,12 +284,17 @@ if op == 'settle' then
         if from > 0 then
           for _, m in ipairs(redis.call('ZRANGEBYSCORE', z, turn, turn)) do
             if costOf(m) == from then
-              -- Kept in place even at 0: the turns after it were given
-              -- after it, and each turn comes after every turn before it.
+              -- Kept in place, even at 0 once its turn has come: the turns
+              -- after it were given after it, and each turn comes after
+              -- every turn before it. A turn still to come given back to 0
+              -- goes (replan gives the turns after it again).
               redis.call('ZREM', z, m)
-              redis.call('ZADD', z, turn, string.match(m, '^(%d+):') .. ':' .. to)
+              if to > 0 or turn <= now then
+                redis.call('ZADD', z, turn, string.match(m, '^([^:]+):') .. ':' .. to)
+              end
               s.a = s.a + to - from
               s.dirty, found = true, true
+              if to < from then refunded = true end
               break
             end
           end
@@ -228,6 +308,13 @@ if op == 'settle' then
           end
         end
       end
+    end
+  end
+  local after = at0 + 2 * L + 1
+  if refunded and tonumber(ARGV[after]) == 1 then
+    local moved = replan()
+    if #moved > 0 then
+      redis.call('PUBLISH', ARGV[after + 1], ARGV[after + 2] .. ' m ' .. string.format('%.0f', now) .. ' ' .. table.concat(moved, ' '))
     end
   end
   save()
