@@ -51,6 +51,14 @@ func (c Cost) negative() (Dimension, bool) {
 	return 0, false
 }
 
+// check returns an error naming the first dimension with a negative cost.
+func (c Cost) check(key string) error {
+	if d, neg := c.negative(); neg {
+		return fmt.Errorf("egress: key %q: cost %d in %s is negative", key, c.Of(d), d)
+	}
+	return nil
+}
+
 // Limit is one limit of a Limits: what it counts (a dimension), how (a
 // token bucket or a sliding window), and of which key (the request's own,
 // or a parent's: see Parent). Make one with BucketOf or WindowOf.
@@ -259,8 +267,8 @@ func (l *Limits) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 // turn it was first given: when a settlement gives room back, the waiters'
 // turns are given again, in their order (see replan).
 func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
-	if d, neg := cost.negative(); neg {
-		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
+	if err := cost.check(key); err != nil {
+		return Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return Grant{}, err

@@ -239,8 +239,8 @@ func (l *SharedLimits) Wait(ctx context.Context, key string, cost int, maxWait t
 // Limits does (the script tells the moves on the channel); otherwise a
 // turn once given stays.
 func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
-	if d, neg := cost.negative(); neg {
-		return Grant{}, fmt.Errorf("egress: key %q: cost %d in %s is negative", key, cost.Of(d), d)
+	if err := cost.check(key); err != nil {
+		return Grant{}, err
 	}
 	for i := range l.limits {
 		if c := cost.Of(l.limits[i].dim); c > l.limits[i].n {
