@@ -27,13 +27,20 @@ import (
 // measurement, not a check (BENCHMARKS.md has its figures): run it with
 //
 //	EGRESS_LLM_MEASURE=1 go test -count=1 -run TestLLMMeasure -v .
+//
+// With EGRESS_LLM_UPFRONT=input the provider charges only the input at
+// admission, and the output at the end.
 func TestLLMMeasure(t *testing.T) {
 	if os.Getenv("EGRESS_LLM_MEASURE") == "" {
 		t.Skip("a measurement: set EGRESS_LLM_MEASURE=1")
 	}
 	for _, errPct := range []float64{0, 0.5} {
 		for _, enf := range []fakellm.Enforcement{fakellm.TokenBucket, fakellm.SlidingWindow, fakellm.FixedWindow} {
-			llm, err := fakellm.New(fakellm.Config{RPM: 2000, TPM: 20000, Minute: time.Second, Latency: 50 * time.Millisecond, Enforcement: enf, Seed: 1})
+			upfront := fakellm.ReserveInputAndMax
+			if os.Getenv("EGRESS_LLM_UPFRONT") == "input" {
+				upfront = fakellm.ReserveInput // the output charged at the end
+			}
+			llm, err := fakellm.New(fakellm.Config{RPM: 2000, TPM: 20000, Minute: time.Second, Latency: 50 * time.Millisecond, Enforcement: enf, Seed: 1, Upfront: upfront})
 			require.NoError(t, err)
 			srv := httptest.NewServer(llm)
 			lim, err := NewLimits(WindowOf(Requests, 2000, time.Second), WindowOf(Tokens, 20000, time.Second))
