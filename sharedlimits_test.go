@@ -614,3 +614,14 @@ func TestSharedLimitsRefundMovesTheFleetsWaiters(t *testing.T) {
 	_, err = a.WaitCost(ctx, "k", Cost{Tokens: 70}, 20*time.Millisecond)
 	require.NoError(t, err, "20 + 10 taken, 70 left")
 }
+
+// SharedLimits is a CostLimiter, a Learner, and has the shared limiters'
+// Stats and Close.
+var (
+	_ CostLimiter = (*SharedLimits)(nil)
+	_ Learner     = (*SharedLimits)(nil)
+	_ interface {
+		Stats() SharedStats
+		Close() error
+	} = (*SharedLimits)(nil)
+)

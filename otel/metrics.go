@@ -57,8 +57,8 @@ type RateReader interface {
 	EffectiveRate(key string) egress.Rate
 }
 
-// StatsReader is what ObserveShared reads: SharedTokenBucket and
-// SharedLeakyBucket implement it.
+// StatsReader is what ObserveShared reads: SharedTokenBucket,
+// SharedLeakyBucket and SharedLimits implement it.
 type StatsReader interface {
 	Stats() egress.SharedStats
 }
