@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,21 +59,22 @@ import (
 // When Redis fails or is slow (see WithCommandTimeout), the limiter falls
 // back to a local Limits at the instance's share of each limit (a bucket's
 // rate and a window's n divided by the live instances, learnt from the
-// fleet's heartbeats; a bucket keeps its burst, a window at least 1: a
-// cost above a window's share is refused with ErrCostTooHigh while Redis
-// is down), and returns once Redis answers again; grants made by the
-// fallback settle there. A settlement that cannot reach Redis is lost: the grant counts at
+// fleet's heartbeats; a bucket keeps its burst; a window's n is kept at
+// least the largest cost asked for, its window stretched to keep the
+// share's average), and returns once Redis answers again; grants made by
+// the fallback settle there. A settlement that cannot reach Redis is lost: the grant counts at
 // its estimate. Close stops its background goroutine. A SharedLimits is
 // safe for simultaneous use by multiple goroutines.
 type SharedLimits struct {
-	limits []Limit
-	fleet  *shared // heartbeats, the fallback, holds heard on the channel
-	script *redis.Script
-	holds  *holds         // the decisions, made as Limits makes them
-	margin time.Duration  // added to each window's length
-	args   []any          // the limits' arguments, the same for every call
-	stop   chan struct{}  // closed by Close: the leads stop holding back
-	work   sync.WaitGroup // leads, give-backs and cancelled waiters' watchers
+	limits  []Limit
+	fleet   *shared // heartbeats, the fallback, holds heard on the channel
+	script  *redis.Script
+	holds   *holds         // the decisions, made as Limits makes them
+	margin  time.Duration  // added to each window's length
+	args    []any          // the limits' arguments, the same for every call
+	stop    chan struct{}  // closed by Close: the leads stop holding back
+	largest []atomic.Int64 // per limit: the largest cost asked for, which the fallback keeps grantable
+	work    sync.WaitGroup // leads, give-backs and cancelled waiters' watchers
 
 	replan  bool // every limit a window, none a parent's: the script gives turns again on a refund
 	mu      sync.Mutex
@@ -127,6 +129,7 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		lanes:   newKeyed[*limitsLane](),
 		stop:    make(chan struct{}),
 		waiting: make(map[string]*sharedWaiter),
+		largest: make([]atomic.Int64, len(limits)),
 	}
 	l.replan = true
 	for _, lim := range limits {
@@ -153,12 +156,20 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 
 // fallbackLimits returns the local limits at fraction f of each limit: a
 // bucket at f of its rate with its whole burst (every cost granted in
-// shared mode is still granted), a window at f of its n, at least 1.
+// shared mode is still granted), a window at f of its n, but no less than
+// the largest cost it has been asked for (a request as large as those
+// before it still goes, over a longer time).
 func (l *SharedLimits) fallbackLimits(f float64) *Limits {
 	local := make([]Limit, len(l.limits))
 	for i, lim := range l.limits {
 		if lim.window {
-			lim.n = max(1, int(float64(lim.n)*f))
+			share := max(1, int(float64(lim.n)*f))
+			if big := int(l.largest[i].Load()); big > share {
+				// The share's average over a window stretched to hold it.
+				lim.w = time.Duration(float64(lim.w) * float64(big) / float64(share))
+				share = big
+			}
+			lim.n = share
 		} else {
 			lim.rate = Rate{n: lim.rate.n * f, per: lim.rate.per}
 		}
@@ -243,8 +254,11 @@ func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxW
 		return Grant{}, err
 	}
 	for i := range l.limits {
-		if c := cost.Of(l.limits[i].dim); c > l.limits[i].n {
+		c := cost.Of(l.limits[i].dim)
+		if c > l.limits[i].n {
 			return Grant{}, &LimitError{Key: key, Cost: c, Reason: ReasonCostTooHigh}
+		}
+		for big := l.largest[i].Load(); int64(c) > big && !l.largest[i].CompareAndSwap(big, int64(c)); big = l.largest[i].Load() {
 		}
 	}
 	if err := ctx.Err(); err != nil {

@@ -447,13 +447,15 @@ func TestSharedLimitsFallback(t *testing.T) {
 		events = append(events, active)
 		mu.Unlock()
 	})
-	limits := []Limit{WindowOf(Requests, 10, time.Minute), BucketOf(Tokens, PerMinute(600), 600)}
+	limits := []Limit{WindowOf(Requests, 10, time.Minute), BucketOf(Tokens, PerMinute(600), 600), WindowOf(InputTokens, 1000, time.Minute)}
 	l, err := NewSharedLimits(srv.Client(t), "fb", limits, WithCommandTimeout(100*time.Millisecond), obs)
 	require.NoError(t, err)
 	defer func() { _ = l.Close() }()
 	peer := newSharedLimits(t, srv.Client(t), "fb", limits)
 	ctx := context.Background()
 	spinUntil(t, "both instances counted", func() bool { return l.Stats().LiveInstances == 2 })
+	_, err = l.WaitCost(ctx, "big", Cost{InputTokens: 800}, 0)
+	require.NoError(t, err)
 	srv.Stop()
 	admitted := 0
 	var g Grant
@@ -466,6 +468,8 @@ func TestSharedLimitsFallback(t *testing.T) {
 	}
 	assert.True(t, l.Stats().Fallback)
 	assert.Equal(t, 5, admitted, "half of the window: two instances were live")
+	_, err = l.WaitCost(ctx, "big", Cost{InputTokens: 800}, 10*time.Millisecond)
+	require.NoError(t, err, "a cost as large as one granted before still goes, above the share of 500")
 	l.Settle(g, Cost{Requests: 1, Tokens: 5}) // settles in the fallback, never blocks
 	srv.Restart(t)
 	spinUntil(t, "back to Redis", func() bool { return !l.Stats().Fallback })
