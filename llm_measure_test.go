@@ -29,13 +29,17 @@ import (
 //	EGRESS_LLM_MEASURE=1 go test -count=1 -run TestLLMMeasure -v .
 //
 // With EGRESS_LLM_UPFRONT=input the provider charges only the input at
-// admission, and the output at the end.
+// admission, and the output at the end; EGRESS_LLM_ONLY=SlidingWindow/50
+// runs one case (an enforcement and the estimate's error in percent).
 func TestLLMMeasure(t *testing.T) {
 	if os.Getenv("EGRESS_LLM_MEASURE") == "" {
 		t.Skip("a measurement: set EGRESS_LLM_MEASURE=1")
 	}
 	for _, errPct := range []float64{0, 0.5} {
 		for _, enf := range []fakellm.Enforcement{fakellm.TokenBucket, fakellm.SlidingWindow, fakellm.FixedWindow} {
+			if only := os.Getenv("EGRESS_LLM_ONLY"); only != "" && only != fmt.Sprintf("%v/%.0f", enf, 100*errPct) {
+				continue
+			}
 			upfront := fakellm.ReserveInputAndMax
 			if os.Getenv("EGRESS_LLM_UPFRONT") == "input" {
 				upfront = fakellm.ReserveInput // the output charged at the end
