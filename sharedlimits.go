@@ -34,11 +34,10 @@ import (
 // WaitCost).
 //
 // In Redis, a key's hash tag keeps a counter of grant ids; a bucket keeps
-// a hash (its tat and last turn) per key; a window
-// keeps a hash (its sum) and a sorted set with one member (about 60 bytes)
-// per grant still in the window, so a window of 1,000 per hour used to its
-// limit holds about 60 KB per key. Every key has a TTL that ends once its
-// state is at rest.
+// a hash (its tat and last turn) per key; a window keeps a hash (its sum)
+// and a sorted set with one member (about 60 bytes) per grant still in the
+// window, so a window of 1,000 per hour used to its limit holds about
+// 60 KB per key. Every key has a TTL that ends once its state is at rest.
 //
 // Redis Cluster: every key that one decision touches carries the hash tag
 // of the request's top key — the parent key of the first limit that has a
@@ -62,9 +61,9 @@ import (
 // fleet's heartbeats; a bucket keeps its burst; a window's n is kept at
 // least the largest cost asked for, its window stretched to keep the
 // share's average), and returns once Redis answers again; grants made by
-// the fallback settle there. A settlement that cannot reach Redis is lost: the grant counts at
-// its estimate. Close stops its background goroutine. A SharedLimits is
-// safe for simultaneous use by multiple goroutines.
+// the fallback settle there. A settlement that cannot reach Redis is lost:
+// the grant counts at its estimate. Call Close when done. A SharedLimits
+// is safe for simultaneous use by multiple goroutines.
 type SharedLimits struct {
 	limits  []Limit
 	fleet   *shared // heartbeats, the fallback, holds heard on the channel
@@ -218,8 +217,8 @@ type limitsReply struct {
 }
 
 // redisKeys returns the keys one decision for key touches: the key's hold,
-// then each limit's state and grants. They share the hash tag of the top
-// key (see SharedLimits).
+// each limit's state and grants, and the counter of grant ids. They share
+// the hash tag of the top key (see SharedLimits).
 func (l *SharedLimits) redisKeys(key string) []string {
 	top := key
 	for i := range l.limits {
