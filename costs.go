@@ -423,7 +423,10 @@ const maxCostBody = 4 << 20
 // WithCosts: 1 request, and tokens of input and output. The input is the
 // body's size over 4 (about 4 bytes a token for English text, which the
 // JSON around the prompt only raises: an over-estimate, refunded when the
-// response tells the usage); the output is the body's max_tokens,
+// response tells the usage), except that an inline image (base64 data of
+// at least 1 KiB in a data URL or after an "image/..." media type, as
+// OpenAI's and Anthropic's bodies carry them) counts as imageTokens, not
+// by its size; the output is the body's max_tokens,
 // max_completion_tokens or max_output_tokens (OpenAI's and Anthropic's
 // names), which is what OpenAI reserves at admission, or 0 when it sets
 // none (the output is then charged when the response tells it). It reads a
@@ -455,7 +458,53 @@ func LLMCost(req *http.Request) Cost {
 			break
 		}
 	}
-	c.InputTokens = (len(b) + 3) / 4
+	c.InputTokens = inputTokens(b)
 	c.Tokens = c.InputTokens + c.OutputTokens
 	return c
+}
+
+// imageTokens is what LLMCost counts for one inline image: about the most
+// one image costs, whatever its size in bytes, since the providers scale
+// images before they count them. OpenAI charges 85 + 170 per 512-pixel
+// tile of the scaled image, at most 8 tiles (1,445 tokens;
+// platform.openai.com/docs/guides/vision, "Calculating costs"); Anthropic
+// charges about width × height / 750 of the scaled image, about 1,600
+// (docs.anthropic.com, "Vision", "Calculate image costs").
+const imageTokens = 1600
+
+// minInlineData is the shortest run of base64 characters that LLMCost
+// reads as inline data rather than text.
+const minInlineData = 1024
+
+// inputTokens estimates the input tokens of a request body b: its size
+// over 4, with each inline image's base64 data counted as imageTokens.
+func inputTokens(b []byte) int {
+	n, images := len(b), 0
+	for i := 0; i < len(b); {
+		if !isBase64(b[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(b) && isBase64(b[j]) {
+			j++
+		}
+		if j-i >= minInlineData && isImageData(b[max(0, i-200):i]) {
+			n -= j - i
+			images++
+		}
+		i = j
+	}
+	return (n+3)/4 + images*imageTokens
+}
+
+// isImageData reports whether the bytes before a run of base64 say it is
+// an image: a data URL ("data:image/png;base64,") or a media type
+// ("media_type":"image/jpeg", then "data":").
+func isImageData(before []byte) bool {
+	return bytes.Contains(before, []byte("image/"))
+}
+
+func isBase64(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '='
 }

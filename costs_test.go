@@ -2,7 +2,9 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -286,4 +288,60 @@ func TestTransportSettlesBeforeLearning(t *testing.T) {
 	lim.mu.Lock()
 	defer lim.mu.Unlock()
 	assert.Equal(t, 1000, lim.states[0].m[strings.TrimPrefix(srv.URL, "http://")].log.sum)
+}
+
+// TestLLMCostInlineImages: an inline image counts as imageTokens whatever
+// its size, in OpenAI's data URL and in Anthropic's base64 source; other
+// inline data (a PDF) and text count by size.
+func TestLLMCostInlineImages(t *testing.T) {
+	data := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xff, 0xd8, 0x42}, 100_000)) // 400,000 bytes of base64
+	cost := func(body string) Cost {
+		req, err := http.NewRequest(http.MethodPost, "https://x/", strings.NewReader(body))
+		require.NoError(t, err)
+		return LLMCost(req)
+	}
+	openai := `{"model":"gpt-4o","max_tokens":100,"messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,` + data + `"}}]}]}`
+	c := cost(openai)
+	assert.Equal(t, (len(openai)-len(data)+3)/4+imageTokens, c.InputTokens, "the image counts as one image, not 100,000 tokens")
+	assert.Equal(t, c.InputTokens+100, c.Tokens)
+
+	anthropic := `{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":[` +
+		`{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + data + `"}},` +
+		`{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + data + `"}},` +
+		`{"type":"text","text":"Compare them."}]}]}`
+	assert.Equal(t, (len(anthropic)-2*len(data)+3)/4+2*imageTokens, cost(anthropic).InputTokens, "two images")
+
+	pdf := `{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":[` +
+		`{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"` + data + `"}}]}]}`
+	assert.Equal(t, (len(pdf)+3)/4, cost(pdf).InputTokens, "a document counts by its size")
+
+	text := `{"max_tokens":1,"messages":[{"role":"user","content":"see image/below: ` + strings.Repeat("ab", 400) + `"}]}`
+	assert.Equal(t, (len(text)+3)/4, cost(text).InputTokens, "a run shorter than 1 KiB is text")
+}
+
+// FuzzLLMCost: any body gives a cost without a panic, never negative, and
+// never above its size over 4 plus imageTokens for each KiB of it.
+func FuzzLLMCost(f *testing.F) {
+	img := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1, 2, 3}, 400))
+	for _, b := range []string{
+		`{"model":"gpt-4o","messages":[{"role":"user","content":"Say hello."}],"max_tokens":50}`,
+		`{"messages":[{"content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + img + `"}}]}],"max_completion_tokens":9}`,
+		`{"content":[{"type":"image","source":{"type":"base64","media_type":"image/gif","data":"` + img + `"}}],"max_tokens":-3}`,
+		`{"source":{"media_type":"application/pdf","data":"` + img + `"}}`,
+		`not json`, `{"max_tokens":1e99}`, ``,
+	} {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		req, err := http.NewRequest(http.MethodPost, "https://x/", strings.NewReader(body))
+		if err != nil {
+			t.Skip()
+		}
+		c := LLMCost(req)
+		limit := (len(body)+3)/4 + imageTokens*(len(body)/minInlineData)
+		if c.InputTokens < 0 || c.OutputTokens < 0 || c.InputTokens > limit || c.Tokens != c.InputTokens+c.OutputTokens || c.Requests != 1 {
+			t.Fatalf("%d bytes: %+v (input at most %d)", len(body), c, limit)
+		}
+	})
 }
