@@ -451,7 +451,7 @@ func TestSharedLimitsFallback(t *testing.T) {
 	l, err := NewSharedLimits(srv.Client(t), "fb", limits, WithCommandTimeout(100*time.Millisecond), obs)
 	require.NoError(t, err)
 	defer func() { _ = l.Close() }()
-	peer := newSharedLimits(t, srv.Client(t), "fb", limits)
+	newSharedLimits(t, srv.Client(t), "fb", limits) // a second instance: each has half
 	ctx := context.Background()
 	spinUntil(t, "both instances counted", func() bool { return l.Stats().LiveInstances == 2 })
 	_, err = l.WaitCost(ctx, "big", Cost{InputTokens: 800}, 0)
@@ -475,7 +475,6 @@ func TestSharedLimitsFallback(t *testing.T) {
 	spinUntil(t, "back to Redis", func() bool { return !l.Stats().Fallback })
 	_, err = l.WaitCost(ctx, "k", Cost{Requests: 1}, 10*time.Millisecond)
 	require.NoError(t, err)
-	_ = peer
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, []bool{true, false}, events)
