@@ -121,6 +121,7 @@ func rows() []row {
 		{egressStrategy(noisy), fakellm.SlidingWindow},
 		{egressStrategy(llmCost), fakellm.SlidingWindow},
 		{sharedStrategy(noisy), fakellm.SlidingWindow},
+		{sharedStrategy(llmCost), fakellm.SlidingWindow},
 	}
 }
 
