@@ -19,11 +19,11 @@
 --          per unit or a window's length with its margin (us)
 -- then, for the operation (from ARGV[3+3L]):
 --   reserve: a request after another: its L costs and its max wait (us;
---            -1 for none), served in order. Returns now (us), then a triple
---            a request: (code, wait in us, its turn in us of server time or,
---            refused, the limit that bound: 1-based, 0 for the hold); code
---            0 = admitted after wait, 1 = refused: wait exceeds its max
---            wait; and its grant id (0 when refused). A refused request
+--            -1 for none), served in order. Returns now (us), then four
+--            values a request: code (0 = admitted after wait, 1 = refused:
+--            wait exceeds its max wait), wait (us), its turn (us of server
+--            time) or, refused, the limit that bound (1-based, 0 for the
+--            hold), and its grant id (0 when refused). A refused request
 --            takes nothing.
 --   settle:  the grant's turn (us), then a pair a limit: (the cost granted,
 --            the actual cost, at most n), then whether to replan (1 or 0:
@@ -34,10 +34,10 @@
 --            moves are told: "<key id> m <now> <grant id>:<turn> ...".
 --            Returns 0.
 --   learn:   the hold's length from now (us; 0 for none), the channel
---            and the key id to tell a hold on, then a triple a limit: (the units the provider said remain,
---            -1 when it said nothing of the limit's dimension; its reset in
---            us, -1 for none; 1 when its reset means "until the bucket is
---            full", else 0). Returns 0.
+--            and the key id to tell a hold on, then a triple a limit: (the
+--            units the provider said remain, -1 when it said nothing of the
+--            limit's dimension; its reset in us, -1 for none; 1 when its
+--            reset means "until the bucket is full", else 0). Returns 0.
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
