@@ -618,7 +618,7 @@ func (l *Limits) settleLocked(g Grant, actual Cost, now time.Time) (refunded boo
 // than the window's own end.
 func (l *Limits) Learn(ctx context.Context, key string, s Signal) Decision {
 	d := l.holds.Learn(ctx, key, s)
-	if len(s.Quotas) == 0 || !s.throttled() && s.Status/100 != 2 {
+	if !s.capsLimits() {
 		return d
 	}
 	l.mu.Lock()
@@ -628,17 +628,30 @@ func (l *Limits) Learn(ctx context.Context, key string, s Signal) Decision {
 		if !q.HasRemaining {
 			continue
 		}
-		keep := q.Remaining
-		if q.Dimension == Requests {
-			keep -= float64(s.InFlight)
-		}
 		for i := range l.limits {
 			if lim := &l.limits[i]; lim.dim == q.Dimension {
-				l.state(i, key, now).cap(lim, max(keep, 0), q, now)
+				l.state(i, key, now).cap(lim, q.keep(&s), q, now)
 			}
 		}
 	}
 	return d
+}
+
+// capsLimits reports whether s's counts cap a Limits' room: a success's or
+// a throttle's, when it has any.
+func (s *Signal) capsLimits() bool {
+	return len(s.Quotas) > 0 && (s.throttled() || s.Status/100 == 2)
+}
+
+// keep is the room a count leaves the limits of its dimension: for
+// requests, the provider's remaining less the requests in flight, which
+// will spend it; for the others, the remaining as reported. Never below 0.
+func (q *Quota) keep(s *Signal) float64 {
+	k := q.Remaining
+	if q.Dimension == Requests {
+		k -= float64(s.InFlight)
+	}
+	return max(k, 0)
 }
 
 // capParts is how many parts a bucket provider's excess leaves in.

@@ -643,7 +643,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if !changed {
 		return
 	}
-	args = append(args, boolArg(l.replan), s.channel(), keyID(g.Key))
+	args = append(args, b2i(l.replan), s.channel(), keyID(g.Key))
 	_ = s.do(context.Background(), func(ctx context.Context) error {
 		return l.script.Run(ctx, s.rdb, l.redisKeys(g.Key), args...).Err()
 	})
@@ -666,18 +666,14 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	}
 	caps := make([]any, 0, 3*len(l.limits))
 	capped := false
-	counts := len(sig.Quotas) > 0 && (sig.throttled() || sig.Status/100 == 2)
+	counts := sig.capsLimits()
 	for i := range l.limits {
 		keep, reset, bucket := -1.0, int64(-1), 0
 		for _, q := range sig.Quotas {
 			if !counts || !q.HasRemaining || q.Dimension != l.limits[i].dim {
 				continue
 			}
-			k := q.Remaining
-			if q.Dimension == Requests {
-				k -= float64(sig.InFlight)
-			}
-			if k = max(k, 0); keep < 0 || k < keep {
+			if k := q.keep(&sig); keep < 0 || k < keep {
 				keep, reset, bucket = k, -1, 0 // -1: no reset
 				if q.HasReset {
 					reset = max(micros(q.Reset), 0)
@@ -733,11 +729,4 @@ func (l *SharedLimits) Close() error {
 	l.mu.Unlock()
 	l.work.Wait()
 	return l.fleet.Close()
-}
-
-func boolArg(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

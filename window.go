@@ -179,17 +179,13 @@ func (g *grantLog) insert(at time.Time, cost int) {
 // (a settlement; 0 gives the turn back), and reports whether it was still
 // in the log. The turns after it stay where they are.
 func (g *grantLog) adjust(at time.Time, from, to int) bool {
-	for i := len(g.at) - 1; i >= g.first; i-- {
-		if g.at[i].Equal(at) && int(g.cost[i]) == from {
-			g.sum += to - from
-			g.cost[i] = int32(to) // kept in place, so that the log stays in time order
-			return true
-		}
-		if g.at[i].Before(at) {
-			return false
-		}
+	i := g.find(at, from)
+	if i < 0 {
+		return false
 	}
-	return false
+	g.sum += to - from
+	g.cost[i] = int32(to) // kept in place, so that the log stays in time order
+	return true
 }
 
 // find returns the index of the last grant of cost at turn at, or -1.

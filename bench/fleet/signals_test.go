@@ -18,6 +18,7 @@ import (
 	"github.com/egress-go/egress"
 	"github.com/egress-go/egress/bench/internal/benchkit"
 	"github.com/egress-go/egress/internal/fakeapi"
+	"github.com/egress-go/egress/internal/naive"
 )
 
 // The signal scenarios: a provider that advertises its bucket in the IETF
@@ -472,7 +473,7 @@ func (rr retryAfterRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 		r := req
 		if attempt > 1 {
 			var err error
-			if r, err = benchkit.Resend(req); err != nil {
+			if r, err = naive.Resend(req); err != nil {
 				return nil, err
 			}
 		}

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"errors"
-	"io"
 	"math"
 	"net/http"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/egress-go/egress"
 	"github.com/egress-go/egress/bench/internal/benchkit"
+	"github.com/egress-go/egress/internal/naive"
 )
 
 // sharedName is the name of the fleet's limit in Redis, for egress and
@@ -69,7 +69,7 @@ func plainStrategy() strategy {
 
 func naiveStrategy() strategy {
 	return strategy{name: "naive: 429 → again at once (×3)", newPod: func(env podEnv) (pod, error) {
-		c := &http.Client{Transport: naiveRetry{base: env.base}}
+		c := &http.Client{Transport: naive.Retry{Base: env.base}}
 		return pod{do: c.Do}, nil
 	}}
 }
@@ -180,26 +180,4 @@ func egressPod(env podEnv, lim egressLimiter, closeLim func() error) (pod, error
 		effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() },
 		close:         closeLim,
 	}, nil
-}
-
-// naiveRetry is what many clients do: on a 429, send again at once, up to
-// three times.
-type naiveRetry struct{ base http.RoundTripper }
-
-func (n naiveRetry) RoundTrip(req *http.Request) (*http.Response, error) {
-	for attempt := 1; ; attempt++ {
-		r := req
-		if attempt > 1 {
-			var err error
-			if r, err = benchkit.Resend(req); err != nil {
-				return nil, err
-			}
-		}
-		resp, err := n.base.RoundTrip(r)
-		if err != nil || resp.StatusCode != http.StatusTooManyRequests || attempt == 4 {
-			return resp, err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
 }

@@ -25,7 +25,6 @@ import (
 
 	"github.com/egress-go/egress"
 	"github.com/egress-go/egress/bench/internal/benchkit"
-	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/fakellm"
 	"github.com/egress-go/egress/internal/redistest"
 )
@@ -347,7 +346,7 @@ func run(t *testing.T, st strategy, enf fakellm.Enforcement) outcome {
 	now := time.Now()
 	llm, err := fakellm.New(fakellm.Config{
 		RPM: rpm, TPM: tpm, Minute: minute, Latency: latency, PerToken: perToken, Chunks: streamChunks,
-		Enforcement: enf, Seed: 1, Clock: shifted{shift: now.Truncate(minute).Add(minute).Sub(now)},
+		Enforcement: enf, Seed: 1, Clock: fakellm.StartingAt(now, minute),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -383,14 +382,6 @@ func run(t *testing.T, st strategy, enf fakellm.Enforcement) outcome {
 	}
 	return o
 }
-
-// shifted is the real clock moved by shift.
-type shifted struct {
-	clock.Real
-	shift time.Duration
-}
-
-func (c shifted) Now() time.Time { return time.Now().Add(c.shift) }
 
 // tally collects the outcome of every call. Safe for concurrent use.
 type tally struct {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress"
-	"github.com/egress-go/egress/examples/internal/demo"
+	"github.com/egress-go/egress/internal/naive"
 )
 
 // pods are the simulated instances of one run: each has its own
@@ -63,7 +63,7 @@ func (p *pods) close() error {
 func newNaivePods(s settings) *pods {
 	p := &pods{}
 	for range s.instances {
-		p.add(demo.NaiveRetry{Base: p.base(s), Retries: &p.got.retries})
+		p.add(naive.Retry{Base: p.base(s), Retries: &p.got.retries})
 	}
 	return p
 }

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/fakellm"
 )
 
@@ -87,7 +86,7 @@ func startProvider(s settings) (*provider, error) {
 		return nil, err
 	}
 	now := time.Now()
-	clk := shifted{shift: now.Truncate(s.minute).Add(s.minute).Sub(now)}
+	clk := fakellm.StartingAt(now, s.minute)
 	llm, err := fakellm.New(fakellm.Config{
 		RPM: s.rpm, TPM: s.tpm, Minute: s.minute,
 		Latency: s.latency, PerToken: perToken, Chunks: streamChunks,
@@ -111,14 +110,6 @@ func (p *provider) close() error {
 	<-p.done
 	return err
 }
-
-// shifted is the real clock moved by shift.
-type shifted struct {
-	clock.Real
-	shift time.Duration
-}
-
-func (c shifted) Now() time.Time { return time.Now().Add(c.shift) }
 
 // lockedWriter serialises the writes of the live lines.
 type lockedWriter struct {

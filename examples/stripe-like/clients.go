@@ -9,8 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress"
-	"github.com/egress-go/egress/examples/internal/demo"
 	"github.com/egress-go/egress/internal/fakeapi"
+	"github.com/egress-go/egress/internal/naive"
 )
 
 // sharedName is the name of the fleet's limiter in Redis: every instance,
@@ -49,7 +49,7 @@ func newNaivePods(s settings) *pods {
 	p := &pods{}
 	for range s.instances {
 		base := p.base(s)
-		p.add(demo.NaiveRetry{Base: base, Retries: &p.retries})
+		p.add(naive.Retry{Base: base, Retries: &p.retries})
 	}
 	return p
 }

@@ -167,6 +167,22 @@ type Config struct {
 	Clock clock.Clock
 }
 
+// StartingAt returns the real clock moved so that start falls on the start
+// of a period of length minute: a provider on it begins its first whole
+// period at start, so that its periods line up with a run that starts
+// then.
+func StartingAt(start time.Time, minute time.Duration) clock.Clock {
+	return shifted{shift: start.Truncate(minute).Add(minute).Sub(start)}
+}
+
+// shifted is the real clock moved by shift.
+type shifted struct {
+	clock.Real
+	shift time.Duration
+}
+
+func (c shifted) Now() time.Time { return time.Now().Add(c.shift) }
+
 // validate returns every invalid setting, each named with its value.
 func (c Config) validate() error {
 	var errs []error

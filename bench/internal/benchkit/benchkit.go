@@ -174,22 +174,6 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Resend returns a copy of req to send again, with a fresh body.
-func Resend(req *http.Request) (*http.Request, error) {
-	r := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody {
-		if req.GetBody == nil {
-			return nil, fmt.Errorf("cannot resend %s %s: no GetBody", req.Method, req.URL)
-		}
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		r.Body = body
-	}
-	return r, nil
-}
-
 // Pods owns the pods' own connection pools and Redis clients, and closes
 // them. Safe for concurrent use; the zero value is ready.
 type Pods struct {
