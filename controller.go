@@ -107,13 +107,16 @@ type ctlState struct {
 	zeroAt          time.Time     // when a "remaining 0" (less the requests in flight) was last seen
 	zeroUntil       time.Time     // the reset it came with
 	zeroUnit        time.Duration // its reset over its limit: the longest a bucket takes to refill a unit; 0 when unknown
+	zeroRes         time.Duration // its reset's resolution (resetResolution)
 	budget          float64       // the units that may still be granted before budgetUntil (see spend)
 	budgetUntil     time.Time     // the reset the budget came with; zero for none
+	budgetRem       float64       // the provider's remaining the budget came with
 	budgetUnit      time.Duration // the report's reset over its limit; 0 when it states no limit
 	ambiguous       uint8         // acceptances after a zero in a row that had the whole limit back (see learnShape)
 	meter           meter         // the key's recent outcomes, for the estimate of its limit
 	storm           storm         // whether throttles without counts are about the quota
 	refill          refill        // a bucket's rate, measured from its reports when it states none
+	start           windowStart   // when a window that sends no reset began (see Quota.impliedReset)
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -169,6 +172,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	var d Decision
 	old := st.rate(cfg, now)
 	q, hasQ := s.requestQuota()
+	if hasQ {
+		st.start.narrow(&q, s)
+	}
 	ev := classify(s, q, hasQ)
 	if hasQ && q.Kind != ResetKindUnknown {
 		st.shape = shape(q.Kind) // the dialect says what its reset means
@@ -302,6 +308,13 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 	}
 	switch {
 	case s.Status >= 200 && s.Status < 300:
+		if !s.Now.Before(st.zeroUntil.Add(-st.zeroRes)) {
+			// Read a resolution or less before the reset: a window whose
+			// reset was rounded up (whole seconds), or whose report was
+			// read late, may have reset before this request arrived.
+			// Nothing is learnt.
+			return
+		}
 		// Unless the whole limit came back at once: a window that reset
 		// before the time it stated (rounded up to the second), or a
 		// small bucket full again. The first answer after a zero tells;
@@ -342,7 +355,7 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 	if q.Remaining-float64(s.InFlight) <= 0 && !st.zeroUntil.After(now) {
 		// (The first zero counts until its reset: the answers to requests
 		// sent before it, heard later, do not move it on.)
-		st.zeroAt, st.zeroUntil, st.zeroUnit = now, now.Add(reset), st.budgetUnit
+		st.zeroAt, st.zeroUntil, st.zeroUnit, st.zeroRes = now, now.Add(reset), st.budgetUnit, resetResolution(reset)
 	}
 	switch st.shape {
 	case shapeWindow:
@@ -384,7 +397,16 @@ func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 	if !hasQ || !q.HasReset || q.Reset <= 0 || s.Scope == ScopeBilling {
 		return
 	}
-	st.budget, st.budgetUntil, st.budgetUnit = q.Remaining-float64(s.InFlight), s.Now.Add(q.Reset), 0
+	until := s.Now.Add(q.Reset)
+	if st.budgetUntil.After(s.Now) && q.Remaining <= st.budgetRem && st.budgetUntil.Before(until) {
+		// The same window (its count has not come back): it ends the
+		// earliest any of its reports said. A reset rounded up ends later
+		// than the real one, and a window's implied reset is narrowed only
+		// by the answers that dated its start (a fleet's other instances
+		// report a whole window).
+		until = st.budgetUntil
+	}
+	st.budget, st.budgetUntil, st.budgetUnit, st.budgetRem = q.Remaining-float64(s.InFlight), until, 0, q.Remaining
 	if q.HasLimit && q.Limit >= 1 {
 		st.budgetUnit = time.Duration(float64(q.Reset) / q.Limit)
 	}
@@ -406,6 +428,7 @@ func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
 	}
 	if !st.zeroUntil.After(now) {
 		st.zeroAt, st.zeroUntil, st.zeroUnit = now, st.budgetUntil, st.budgetUnit
+		st.zeroRes = resetResolution(st.budgetUntil.Sub(now))
 	}
 	if st.shape == shapeWindow {
 		st.hold = maxTime(st.hold, st.budgetUntil)

@@ -239,9 +239,9 @@ func ctlTables() []ctlTable {
 		{
 			name: "remaining 0 from a provider not known yet: a short hold, and an acceptance after it says bucket",
 			steps: []sig{
-				withQuota(ok(0, 0), 0, s),
-				withQuota(ok(150*ms, 120*ms), 0, s), // sent after the zero, before its reset: accepted
-				withQuota(ok(300*ms, 290*ms), 0, s),
+				withQuota(ok(0, 0), 0, 2*s),
+				withQuota(ok(150*ms, 120*ms), 0, 2*s), // sent after the zero, before its reset: accepted
+				withQuota(ok(300*ms, 290*ms), 0, 2*s),
 			},
 			wants: []want{
 				{hold: probeHold},
@@ -263,11 +263,11 @@ func ctlTables() []ctlTable {
 		{
 			name: "near a bucket's limit found before: a throttle lowers by 0.9, and the climb back levels off just under the rate refused",
 			steps: []sig{
-				withQuota(ok(0, 0), 0, s),
-				withQuota(ok(150*ms, 120*ms), 0, s), // a bucket
-				throttle(200*ms, 190*ms, 0),         // at 100/s: by beta, aiming at 100 (K = 3.9 s)
-				throttle(4200*ms, 4190*ms, 0),       // back at 100/s: near the limit found before
-				ok(6630*ms, 6620*ms),                // K = 2.43 s later: levelled off at 97, not 100
+				withQuota(ok(0, 0), 0, 2*s),
+				withQuota(ok(150*ms, 120*ms), 0, 2*s), // a bucket
+				throttle(200*ms, 190*ms, 0),           // at 100/s: by beta, aiming at 100 (K = 3.9 s)
+				throttle(4200*ms, 4190*ms, 0),         // back at 100/s: near the limit found before
+				ok(6630*ms, 6620*ms),                  // K = 2.43 s later: levelled off at 97, not 100
 			},
 			wants: []want{
 				{hold: probeHold},
@@ -294,6 +294,27 @@ func ctlTables() []ctlTable {
 			}
 			return tb
 		}(),
+		{
+			// HubSpot's secondly count: the window's first request (the
+			// whole limit back but one) dates its start; the answer at
+			// 700 ms leaving nothing holds until the window's end, 300 ms
+			// later, not a whole window.
+			name: "a count with a window and no reset: nothing left holds until the window's end, dated by its first request",
+			steps: []sig{
+				{at: 0, sent: 0, status: 200, ra: -1, remaining: 9, reset: -1, limit: 10, window: s},
+				{at: 700 * ms, sent: 690 * ms, status: 200, ra: -1, remaining: 0, reset: -1, limit: 10, window: s},
+			},
+			wants: []want{{rate: 10, why: "advertised", shape: shapeWindow}, {hold: s, rate: 10, shape: shapeWindow}},
+		},
+		{
+			// Salesforce's api-usage, a rolling day: looked at again a
+			// minute later, not held a day, and no pace of 40 a day.
+			name: "a day's count with nothing left holds the key a minute, and paces nothing",
+			steps: []sig{
+				{at: 0, sent: 0, status: 200, ra: -1, remaining: 0, reset: -1, limit: 40, window: 24 * time.Hour},
+			},
+			wants: []want{{hold: time.Minute, shape: shapeWindow}},
+		},
 		{
 			name: "a dialect that says its reset is a window's end: held until the reset at once",
 			steps: []sig{
@@ -359,11 +380,11 @@ func ctlTables() []ctlTable {
 		{
 			name: "the first answer after a zero with the whole limit back says nothing (a window may have reset early); twice in a row, a bucket",
 			steps: []sig{
-				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 20; return x }(),
-				func() sig { x := withQuota(ok(130*ms, 120*ms), 19, s); x.quota = 20; return x }(),
-				func() sig { x := withQuota(ok(140*ms, 125*ms), 1, s); x.quota = 20; return x }(), // not the first answer: nothing
-				func() sig { x := withQuota(ok(300*ms, 290*ms), 0, s); x.quota = 20; return x }(),
-				func() sig { x := withQuota(ok(430*ms, 420*ms), 19, s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(0, 0), 0, 2*s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(130*ms, 120*ms), 19, 2*s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(140*ms, 125*ms), 1, 2*s); x.quota = 20; return x }(), // not the first answer: nothing
+				func() sig { x := withQuota(ok(300*ms, 290*ms), 0, 2*s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(430*ms, 420*ms), 19, 2*s); x.quota = 20; return x }(),
 			},
 			wants: []want{
 				{hold: probeHold},
@@ -372,6 +393,19 @@ func ctlTables() []ctlTable {
 				{hold: 300*ms + probeHold},
 				{shape: shapeBucket, drain: true},
 			},
+		},
+		{
+			// A whole-second reset may be rounded up by most of a second,
+			// and a report read late: a window read as ending in 1 s may
+			// have reset already (the next window's requests are accepted
+			// with part of it spent).
+			name: "an acceptance read within the zero's reset less its resolution tells no shape",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(300*ms, 150*ms), 17, s); x.quota = 20; return x }(),
+				func() sig { x := withQuota(ok(400*ms, 350*ms), 16, s); x.quota = 20; return x }(),
+			},
+			wants: []want{{hold: probeHold}, {}, {}},
 		},
 		{
 			name:  "remaining 0 with a reset sooner than the probe holds until the reset",
@@ -821,6 +855,11 @@ func TestControllerBudgetSteps(t *testing.T) {
 		x.kind, x.inFlight = ResetKindBucket, inFlight
 		return budgetStep{report: x}
 	}
+	windowed := func(at, sent time.Duration, remaining float64, inFlight int) budgetStep {
+		x := withQuota(ok(at, sent), remaining, -1)
+		x.limit, x.window, x.inFlight = 10, time.Second, inFlight
+		return budgetStep{report: x}
+	}
 	grant := func(at time.Duration) budgetStep { return budgetStep{grant: 1, at: at} }
 	type want struct {
 		granted bool
@@ -874,7 +913,16 @@ func TestControllerBudgetSteps(t *testing.T) {
 			wants: []want{{}, {granted: true}, {granted: true}, {granted: true}},
 		},
 		{
-			name: "no reset, no budget (Salesforce's daily count)",
+			name: "a window and no reset: the window's first request dates it, and a spent budget holds until its end",
+			steps: []budgetStep{
+				windowed(0, 0, 9, 0), // the window's first: it began by 0
+				windowed(600*ms, 590*ms, 2, 1),
+				grant(601 * ms), grant(602 * ms),
+			},
+			wants: []want{{}, {}, {granted: true}, {hold: time.Second}},
+		},
+		{
+			name: "no reset and no window, no budget",
 			steps: []budgetStep{
 				unknown(0, 0, 1, 3, -1),
 				grant(ms), grant(2 * ms),
@@ -969,4 +1017,18 @@ func TestLimitersSpendTheBudget(t *testing.T) {
 		require.ErrorAs(t, err, &le, "the fourth would wait for the reset")
 		assert.InDelta(t, 970*time.Millisecond, le.Wait, float64(time.Millisecond))
 	})
+}
+
+// TestAdvertisedPacesShortWindowsOnly: a limit over a window of up to an
+// hour is a pace (limit/window); a day's is spent as counted, not spread.
+func TestAdvertisedPacesShortWindowsOnly(t *testing.T) {
+	s := Signal{Quotas: []Quota{
+		{Dimension: Requests, Name: "burst", Limit: 100, HasLimit: true, Window: time.Second, HasWindow: true},
+		{Dimension: Requests, Name: "daily", Limit: 1000, HasLimit: true, Window: 24 * time.Hour, HasWindow: true},
+	}}
+	assert.InDelta(t, 100, s.advertised(), 1e-9)
+	s.Quotas = s.Quotas[1:]
+	assert.Zero(t, s.advertised())
+	s.Quotas[0].Window = time.Hour
+	assert.InDelta(t, 1000.0/3600, s.advertised(), 1e-9)
 }

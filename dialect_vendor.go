@@ -47,9 +47,20 @@ func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
 
 // callLimitReader reads the "used/capacity" call limits of leaky-bucket
 // providers: Shopify's X-Shopify-Shop-Api-Call-Limit ("32/40") and
-// Gorgias's X-Gorgias-Account-Api-Call-Limit ("10/40"). No reset is sent:
-// the bucket leaks at a rate the header does not state.
+// Gorgias's X-Gorgias-Account-Api-Call-Limit ("10/40"). No reset is sent,
+// and the header does not state the leak rate; both providers document a
+// bucket that empties in 20 seconds (Shopify REST: 40 at 2/s, 80 at 4/s,
+// shopify.dev "REST Admin API rate limits"; Gorgias: "40 requests in a 20
+// second window", 80 with OAuth2, developers.gorgias.com "Limitations"),
+// so the quota's window is callLimitWindow: the capacity over it is the
+// leak rate, advertised.
 type callLimitReader struct{}
+
+// callLimitWindow is the time a used/capacity bucket takes to empty (see
+// callLimitReader). A provider that leaks faster is paced below its rate
+// (Gorgias's enterprise accounts: a 10-second window);
+// WithoutAdvertisedLimits turns the pace off.
+const callLimitWindow = 20 * time.Second
 
 // ReadSignal implements SignalReader.
 func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
@@ -61,6 +72,7 @@ func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 				if used, capacity, ok := parsePair(m); ok {
 					q := pairQuota(used, capacity)
 					q.Kind = ResetKindBucket
+					q.Window, q.HasWindow = callLimitWindow, true
 					s.AddQuota(q)
 				}
 			}
@@ -70,7 +82,8 @@ func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 
 // salesforceReader reads Salesforce's Sforce-Limit-Info:
 // "api-usage=18/5000; per-app-api-usage=17/250(appName=app)", one Quota per
-// named pair (a rolling 24-hour count; no reset is sent).
+// named pair, each over a window of a day (the count is of a rolling 24
+// hours; no reset is sent: see Quota.impliedReset).
 type salesforceReader struct{}
 
 // ReadSignal implements SignalReader.
@@ -93,6 +106,7 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 			if used, capacity, ok := parsePair(val); ok {
 				q := pairQuota(used, capacity)
 				q.Name = strings.TrimSpace(name)
+				q.Window, q.HasWindow = 24*time.Hour, true
 				s.AddQuota(q)
 			}
 		}
@@ -100,16 +114,17 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 }
 
 // hubSpotReader reads HubSpot's X-HubSpot-RateLimit-Daily and
-// -Daily-Remaining (Name "daily"; the day runs midnight to midnight in the
-// account's time zone, so no reset), -Secondly and -Secondly-Remaining
+// -Daily-Remaining (Name "daily", a window of a day: it runs midnight to
+// midnight in the account's time zone), -Secondly and -Secondly-Remaining
 // (Name "secondly", a one-second window), and -Interval-Milliseconds, -Max
-// and -Remaining (Name "interval", the window the milliseconds state).
+// and -Remaining (Name "interval", the window the milliseconds state). No
+// reset is sent: see Quota.impliedReset.
 type hubSpotReader struct{}
 
 // ReadSignal implements SignalReader.
 func (hubSpotReader) ReadSignal(resp *http.Response, s *Signal) {
 	h := resp.Header
-	addCounts(s, Quota{Name: "daily"}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
+	addCounts(s, Quota{Name: "daily", Window: 24 * time.Hour, HasWindow: true}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
 	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
 	q := Quota{Name: "interval"}
 	if ms, ok := lowestAmount(h[hHubSpotIntervalMs]); ok && ms > 0 && ms < 1e12 {

@@ -29,6 +29,7 @@ type learntRate struct {
 	storm      storm
 	report     *budgetReport // the latest count for the key's budget not yet sent to Redis
 	refill     refill        // a bucket's rate, measured from its reports when it states none
+	start      windowStart   // when a window that sends no reset began (see Quota.impliedReset)
 }
 
 // budgetReport is a response's count that sets a key's budget (see
@@ -159,6 +160,9 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	if !ok {
 		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
 		s.learnt.put(id, l)
+	}
+	if hasQ {
+		l.start.narrow(&q, &sig)
 	}
 	// More than twice the limit accepted in the last second, by this
 	// instance alone: a bucket (see meter.outpaced). The script is told as

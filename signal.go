@@ -97,6 +97,8 @@ type Quota struct {
 	// Kind says what Reset means; ResetKindUnknown when the dialect does
 	// not say (read it as a window's end: the cautious reading).
 	Kind ResetKind
+
+	implied bool // the Reset is the one the window implies (impliedReset)
 }
 
 // ResetKind says what a Quota's Reset means.
@@ -171,6 +173,7 @@ func (s *Signal) requestQuota() (q Quota, ok bool) {
 		if c.Dimension != Requests || !c.HasRemaining {
 			continue
 		}
+		c = c.impliedReset(s.maxWait())
 		if !ok || c.Remaining < q.Remaining || (c.Remaining == q.Remaining && c.Reset > q.Reset) {
 			q, ok = c, true
 		}
@@ -178,12 +181,61 @@ func (s *Signal) requestQuota() (q Quota, ok bool) {
 	return q, ok
 }
 
+// impliedReset returns q with the reset its window implies when it states a
+// window and no reset: a window's quota comes back within the window, so
+// the reset is read as the window, at most a minute (countLookAgain: a
+// day's count, Salesforce's rolling api-usage or HubSpot's daily, is
+// looked at again every minute, not held a day), and at most maxWait. The
+// shape is a window's, unless the dialect said a bucket. A bucket's count
+// (Shopify's used/capacity over its 20-second leak) implies nothing: it
+// refills continuously.
+func (q Quota) impliedReset(maxWait time.Duration) Quota {
+	if q.HasReset || !q.HasWindow || q.Window <= 0 || q.Kind == ResetKindBucket {
+		return q
+	}
+	q.Reset, q.HasReset = min(q.Window, countLookAgain, maxWait), true
+	q.Kind, q.implied = ResetKindWindow, true
+	return q
+}
+
+// windowStart narrows the reset a window implies (Quota.impliedReset) from
+// the window's counts: a count with the whole limit back but one answers
+// the window's first request, so the window began when it was read at the
+// latest, and it ends a whole number of windows after that. (Where the
+// window rolls, or began before a first request sent mid-window, the end
+// found is later than the real one: a hold until then is longer than it
+// had to be, never shorter.)
+type windowStart struct{ at time.Time }
+
+// narrow narrows q's implied reset as of s, the signal q was read from.
+func (w *windowStart) narrow(q *Quota, s *Signal) {
+	if !q.implied || !q.HasLimit || !q.HasRemaining || q.Window <= 0 {
+		return
+	}
+	if q.Remaining >= q.Limit-1 {
+		w.at = s.Now
+	}
+	if w.at.IsZero() || s.Now.Before(w.at) {
+		return
+	}
+	q.Reset = min(q.Reset, q.Window-s.Now.Sub(w.at)%q.Window)
+}
+
+// countLookAgain is the longest reset a window implies (see impliedReset).
+const countLookAgain = time.Minute
+
+// maxPacedWindow is the longest window whose limit is a pace: a limit over
+// a longer one (a day's) is spent as the provider counts it, and holds the
+// key when nothing is left, rather than spread at limit/window.
+const maxPacedWindow = time.Hour
+
 // advertised returns the request limit a signal states with its window, in
-// units per second (the lowest when it states several), or 0.
+// units per second (the lowest when it states several), or 0. A window
+// longer than maxPacedWindow states no pace.
 func (s *Signal) advertised() float64 {
 	best := 0.0
 	for _, c := range s.Quotas {
-		if c.Dimension != Requests || !c.HasLimit || !c.HasWindow || c.Limit <= 0 || c.Window <= 0 {
+		if c.Dimension != Requests || !c.HasLimit || !c.HasWindow || c.Limit <= 0 || c.Window <= 0 || c.Window > maxPacedWindow {
 			continue
 		}
 		if r := c.Limit / c.Window.Seconds(); best == 0 || r < best {

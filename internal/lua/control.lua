@@ -57,10 +57,11 @@ local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[
 
 local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit')
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
+local zres = tonumber(st[9]) or 1000000
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
   redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb')
@@ -78,7 +79,11 @@ end
 if tonumber(ARGV[20]) > 0 then
   shape = tonumber(ARGV[20])
 elseif shape == 0 and zat and zun and sent > zat and sent < zun then
-  if accepted then
+  if accepted and now >= zun - zres then
+    -- read a resolution or less before the reset: a window whose reset
+    -- was rounded up, or whose report was read late, may have reset
+    -- before this request arrived; nothing is learnt
+  elseif accepted then
     -- accepted before the reset: a bucket, unless the whole limit came
     -- back (a window that reset early, or a small bucket full again),
     -- which is a bucket's only twice in a row; the first answer tells
@@ -143,7 +148,7 @@ if exhausted then
       local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
       local z = math.max(now, tat - math.max(burst, 1) * rateUnit)
       redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', z), 'zun', string.format('%.0f', now + reset),
-        'zunit', string.format('%.0f', unit))
+        'zunit', string.format('%.0f', unit), 'zres', resolution(reset))
     end
     if shape == 1 then
       untilus = now + math.max(reset, ra)

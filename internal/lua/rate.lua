@@ -8,6 +8,8 @@
 --   dec         when the last decrease was decided (us)
 --   shape       what the key's reset means: 0 unknown, 1 window, 2 bucket
 --   zat, zun    when a "remaining 0" was last seen, and its reset (us)
+--   zres        that reset's resolution (us): an acceptance read later
+--               than zun less it tells no shape
 --   f0 .. f3    the fleet's refusals in the last second, by quarter
 --               second (see control.lua)
 -- The rate is min(configured, advertised, the CUBIC climb since the last
@@ -49,6 +51,7 @@ end
 --               (us), and the reported reset over its limit (us; 0 when
 --               none): set by a report of a window's quota (or one whose
 --               shape is not known yet), spent by every grant
+--   budr        the provider's remaining that report stated
 --   hist        since when the grants are recorded (us)
 --   g0 .. g255  the grants of the last 2.56 s, a ring of 10 ms slots:
 --               "<slot>:<units>", slot being the turn's time / 10 ms; kept
@@ -193,8 +196,16 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   local upto = math.min(tat, now + reset)
   if (tonumber(st[1]) or 0) == 0 then upto = math.min(upto, now) end
   local left = rem - owed(upto, 2)
-  redis.call('HSET', key, 'bud', string.format('%.17g', left), 'budu', string.format('%.0f', now + reset),
-    'budn', string.format('%.0f', unit))
+  -- The same window (its count has not come back): it ends the earliest
+  -- any of its reports said (a reset rounded up ends later than the real
+  -- one; a window's implied reset is narrowed only by the instance whose
+  -- answers dated its start: see Quota.impliedReset).
+  local budu = now + reset
+  local prev = redis.call('HMGET', key, 'budu', 'budr')
+  local pu, pr = tonumber(prev[1]), tonumber(prev[2])
+  if pu and pr and pu > now and rem <= pr and pu < budu then budu = pu end
+  redis.call('HSET', key, 'bud', string.format('%.17g', left), 'budu', string.format('%.0f', budu),
+    'budn', string.format('%.0f', unit), 'budr', string.format('%.17g', rem))
 end
 
 -- drain applies what a bucket provider's count leaves (report's keep and
@@ -228,6 +239,14 @@ end
 -- lets one request go after the hold and holds the key again until its
 -- answer tells the shape; the fleet's turns are given ahead of time, to
 -- waiters that would each be held a probe's time behind the other.)
+-- resolution returns the resolution a reset of d us was read to, as
+-- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
+-- whole seconds (and anything else).
+local function resolution(d)
+  if d % 1000 == 0 and d % 1000000 ~= 0 then return 1000 end
+  return 1000000
+end
+
 local function spend(key, at, cost, probe, now)
   local st = redis.call('HMGET', key, 'bud', 'budu', 'shape')
   local bud, budu, shape = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]) or 0
@@ -239,7 +258,8 @@ local function spend(key, at, cost, probe, now)
   -- Spent: a "remaining 0" as of at, whose answer tells the shape.
   local z = redis.call('HMGET', key, 'zun', 'budn')
   if not (tonumber(z[1]) and tonumber(z[1]) > now) then
-    redis.call('HSET', key, 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', budu), 'zunit', z[2] or '0')
+    redis.call('HSET', key, 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', budu), 'zunit', z[2] or '0',
+      'zres', resolution(budu - now))
   end
   if shape == 1 then return budu end
   redis.call('HDEL', key, 'bud', 'budu')
