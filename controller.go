@@ -53,7 +53,9 @@ type Decision struct {
 	NotBefore time.Time
 	// Old and New are the key's rate before and after the response, when it
 	// changed; Why says what changed it: "advertised" (the provider stated
-	// its limit), "throttled" (discovery lowered it).
+	// its limit), "throttled" (discovery lowered it), "storm" (the
+	// decreases throttles caused are undone), "counted" (the provider's
+	// count showed no room as the rate climbed back: it levelled off).
 	Old, New Rate
 	Why      string
 	// Err is an error of the limiter while learning (a shared limiter that
@@ -117,6 +119,8 @@ type ctlState struct {
 	storm           storm         // whether throttles without counts are about the quota
 	refill          refill        // a bucket's rate, measured from its reports when it states none
 	start           windowStart   // when a window that sends no reset began (see Quota.impliedReset)
+	room            time.Time     // when a bucket's count last showed room (see roomy)
+	roomRate        float64       // the key's rate then
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -183,7 +187,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	}
 	st.report(s, q, hasQ)
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
-	stormStarts := false
+	stormStarts, advertisedNow := false, false
 	if ev == evExhausted && !hasQ {
 		if other, entered := st.storm.notQuota(s, &st.meter, old); other {
 			ev, stormStarts = evOther, entered
@@ -201,6 +205,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			adv = measured // a bucket that states no rate: its reports measure it
 		}
 		if adv > 0 {
+			advertisedNow = true
 			st.advertised, st.advertisedUntil = adv, now.Add(advertisedTTL)
 			if adv < old {
 				// Throttles to requests sent before this lowering belong
@@ -209,6 +214,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			}
 		}
 	}
+	roomy := false
 	switch ev {
 	case evOther:
 		if s.RetryAfter > 0 {
@@ -219,6 +225,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// limiter keeps no more than that in its own (Decision.drain).
 		if st.shape == shapeBucket && hasQ && !s.throttled() {
 			d.drain, d.keep = true, q.Remaining-float64(s.InFlight)
+			roomy = q.HasLimit && q.Limit >= 2 && d.keep >= q.Limit/2
 		}
 	case evExhausted:
 		// A bucket that says "nothing left" on a success (nothing once the
@@ -230,9 +237,15 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		}
 		if d.drain && cfg.discover && !st.climb.IsZero() && now.After(st.climb) && old < cfg.configured {
 			// Climbing back, and the provider has no room left: the limit is
-			// about here. Level off at the current rate rather than climb
-			// into a refusal; the climb resumes once it shows room again.
-			st.wmax, st.w0, st.climb = old, old, now
+			// about here. Level off rather than climb into a refusal — at
+			// the rate of the last report that showed room, when that was
+			// lately and lower (the rate climbed past the limit since) —
+			// and the climb resumes once it shows room again.
+			lvl := old
+			if now.Sub(st.room) < roomMemory && st.roomRate < old {
+				lvl = st.roomRate
+			}
+			st.wmax, st.w0, st.climb = lvl, lvl, now
 		}
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
@@ -258,7 +271,14 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			d.Why = "storm"
 		case new < old && ev == evExhausted && s.throttled():
 			d.Why = "throttled"
+		case new < old && ev == evExhausted && !advertisedNow:
+			d.Why = "counted" // levelled off: the provider's count showed no room
 		}
+	}
+	if roomy {
+		// (after the rate change is told: a faster climb back is a climb
+		// back, whose rates in between are not told either)
+		st.roomy(cfg, now, old)
 	}
 	return d
 }
@@ -468,6 +488,36 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 	st.decreased = now
 	st.climb = maxTime(now, st.hold)
 }
+
+// roomy records a bucket's count on a success that shows room — half its
+// capacity or more left once the requests in flight are counted — at now,
+// when the key's rate is rate. Sent to below its limit, a bucket stays
+// full whatever the limit: nothing but sending faster tells how far below.
+// So while the climb back after a decrease (CUBIC) goes on and the counts
+// show room, its clock runs roomBoost times as fast (the time since the
+// last such count, at most roomGap of it, is added roomBoost-1 times):
+// the climb from a plateau at 40 to 90 a second takes under 2 s instead
+// of 6. Past the limit the bucket drains, the counts show less than half,
+// and the climb slows to its own pace before the bucket is empty; a count
+// with no room levels it off at the rate of the last one with room (see
+// learn).
+func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
+	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() {
+		ahead := min(now.Sub(st.room), roomGap) * (roomBoost - 1)
+		st.climb = st.climb.Add(-min(ahead, now.Sub(st.climb)))
+	}
+	st.room, st.roomRate = now, rate
+}
+
+// roomBoost is how much faster the climb back goes while a bucket shows
+// room; roomGap is the most time one such count speeds it for; roomMemory
+// is how long the rate of the last one is where a count with no room
+// levels the climb off.
+const (
+	roomBoost  = 4
+	roomGap    = 250 * time.Millisecond
+	roomMemory = 2 * time.Second
+)
 
 // Near a limit found before (between nearLow and nearLimit times the last
 // aim: the rate climbed back to it), from a provider whose counts show a

@@ -329,6 +329,48 @@ func TestSharedBucketLevelsOff(t *testing.T) {
 	assert.InDelta(t, want, got, 1.5, "the fleet's rate")
 }
 
+// TestSharedBucketRoomClimbsFaster: as TestControllerRoomSteps, through
+// Redis: a bucket's counts that show room, carried to the script by the
+// next reservation (reserve.lua's drain), run the fleet's climb back four
+// times as fast, as the Go controller's; a count with no room levels it off
+// at the rate of the last one with room.
+func TestSharedBucketRoomClimbsFaster(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newSharedTB(t, srv.Client(t), "room", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	cfg := l.learn
+	var goSt ctlState
+	learn := func(s Signal) {
+		goSt.learn(&cfg, &s)
+		require.NoError(t, l.Learn(ctx, "k", s).Err)
+		_, err := l.Wait(ctx, "k", 1, time.Second) // carries the report
+		require.NoError(t, err)
+	}
+	count := func(at time.Time, status int, remaining float64) Signal {
+		return Signal{Now: at, SentAt: at, Status: status, Quotas: []Quota{{Limit: 10, HasLimit: true,
+			Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
+	}
+	start := time.Now()
+	refusal := count(start, 429, 0)
+	refusal.HasRetryAfter = true
+	learn(refusal) // 70/s, climbing back to 100 (K = 3.9 s)
+	for i := 1; i <= 10; i++ {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * 100 * time.Millisecond)))
+		learn(count(time.Now(), 200, 8))
+	}
+	now := time.Now()
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
+	assert.Greater(t, want, 97.0, "the Go controller climbed faster (CUBIC alone: 87.5 after a second)")
+	assert.InDelta(t, want, got, 2, "the fleet's rate")
+	learn(count(time.Now(), 200, 0)) // no room: levelled off
+	time.Sleep(300 * time.Millisecond)
+	_, err := l.Wait(ctx, "k", 1, time.Second)
+	require.NoError(t, err)
+	now = time.Now()
+	got, want = l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
+	assert.InDelta(t, want, got, 2, "the fleet's rate, levelled off")
+}
+
 // TestSharedControllerSteps runs the controller's step tables through a
 // SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The

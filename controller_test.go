@@ -1032,3 +1032,49 @@ func TestAdvertisedPacesShortWindowsOnly(t *testing.T) {
 	s.Quotas[0].Window = time.Hour
 	assert.InDelta(t, 1000.0/3600, s.advertised(), 1e-9)
 }
+
+// TestControllerRoomSteps: climbing back after a decrease, a bucket whose
+// counts show room (8 of 10 left) climbs four times as fast (99.98/s a
+// second after the decrease, against 87.5 along CUBIC alone), and a count
+// with no room levels the climb off at the rate of the last count with
+// room. (TestSharedBucketRoomClimbsFaster runs the same through Redis.)
+func TestControllerRoomSteps(t *testing.T) {
+	const ms = time.Millisecond
+	bucket := func(x sig, remaining float64) sig {
+		x.remaining, x.reset, x.quota, x.kind = remaining, time.Second, 10, ResetKindBucket
+		return x
+	}
+	for _, tc := range []struct {
+		name      string
+		remaining float64 // in the counts after the decrease
+		rates     []float64
+		level     float64 // the rate after a count with no room; 0: no change
+	}{
+		{"room: four times as fast", 8,
+			[]float64{72.02, 77.92, 84.60, 89.77, 93.64, 96.38, 98.19, 99.27, 99.80, 99.98}, 99.87},
+		{"less than half left: CUBIC's pace", 3,
+			[]float64{72.02, 74.16, 76.19, 78.10, 79.91, 81.62, 83.23, 84.74, 86.16, 87.49}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultLearn(PerSecond(100))
+			var st ctlState
+			d := st.learn(&cfg, bucket(throttle(0, 0, 0), 0).signal())
+			require.Equal(t, "throttled", d.Why)
+			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+			for i, want := range tc.rates {
+				at := time.Duration(i+1) * 100 * ms
+				d := st.learn(&cfg, bucket(ok(at, at-10*ms), tc.remaining).signal())
+				assert.Empty(t, d.Why, "a faster climb back is not told")
+				assert.InDelta(t, want, st.rate(&cfg, ctlEpoch.Add(at)), 0.01, "at %v", at)
+			}
+			d = st.learn(&cfg, bucket(ok(1100*ms, 1090*ms), 0).signal())
+			if tc.level == 0 {
+				assert.Empty(t, d.Why)
+				return
+			}
+			assert.Equal(t, "counted", d.Why)
+			assert.InDelta(t, tc.level, d.New.PerSecond(), 0.01)
+			assert.InDelta(t, tc.level, st.rate(&cfg, ctlEpoch.Add(1500*ms)), 0.05, "levelled off: the climb resumes from there at its own pace")
+		})
+	}
+}

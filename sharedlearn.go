@@ -44,6 +44,7 @@ type budgetReport struct {
 	sent      time.Time     // when its request was sent; zero when unknown
 	inFlight  float64       // the fleet's requests in flight, as estimated without the ring
 	kind      ResetKind     // what the reset means, as the dialect says
+	limit     float64       // the quota's limit; -1 when it states none
 }
 
 // budgetReportOf returns the report a signal makes for the key's budget
@@ -59,7 +60,10 @@ func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *b
 		return nil
 	}
 	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: sig.Now, sent: sig.SentAt,
-		inFlight: float64(sig.InFlight) * float64(max(1, s.live.Load())), kind: q.Kind}
+		inFlight: float64(sig.InFlight) * float64(max(1, s.live.Load())), kind: q.Kind, limit: -1}
+	if q.HasLimit {
+		r.limit = q.Limit
+	}
 	if q.HasLimit && q.Limit >= 1 {
 		r.unit = time.Duration(float64(q.Reset) / q.Limit)
 	}
@@ -68,16 +72,17 @@ func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *b
 
 // budgetArgs returns a report's arguments to a script run at now: the
 // remaining (-1 for none), the reset left, the unit, how long ago its
-// request was sent (-1 when unknown), the in-flight estimate, the kind.
+// request was sent (-1 when unknown), the in-flight estimate, the kind, the
+// limit (-1 for none).
 func budgetArgs(r *budgetReport, now time.Time) []any {
 	if r == nil || r.read.Add(r.reset).Before(now) {
-		return []any{-1, 0, 0, -1, 0, 0}
+		return []any{-1, 0, 0, -1, 0, 0, -1}
 	}
 	ago := int64(-1)
 	if !r.sent.IsZero() {
 		ago = max(micros(now.Sub(r.sent)), 0)
 	}
-	return []any{r.remaining, micros(r.reset - now.Sub(r.read)), micros(r.unit), ago, r.inFlight, int(r.kind)}
+	return []any{r.remaining, micros(r.reset - now.Sub(r.read)), micros(r.unit), ago, r.inFlight, int(r.kind), r.limit}
 }
 
 func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
@@ -265,6 +270,8 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 			d.Why = "storm"
 		case new < old && ev == evExhausted && sig.throttled():
 			d.Why = "throttled"
+		case new < old && ev == evExhausted && adv == 0:
+			d.Why = "counted" // levelled off: the provider's count showed no room
 		}
 	}
 	return d

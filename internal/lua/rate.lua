@@ -216,18 +216,38 @@ end
 -- nothing is left now while key's rate climbs back after a decrease, the
 -- limit is about the rate now: the climb levels off there, and resumes
 -- once the provider shows room again (controller.go's learn, on a drain).
--- rate is the key's, configured and discover the limiter's. (Just under
--- the rate, each false sign of no room — a burst the provider's smaller
--- bucket could not hold — would ratchet the rate down.)
-local function drain(key, tat, now, keep, left, b, interval, rate, configured, discover)
-  if left <= 0 and discover > 0 and rate < configured then
-    local climb = tonumber(redis.call('HGET', key, 'climb') or '')
-    if climb and now > climb then
-      local r = string.format('%.17g', rate)
+-- rate is the key's, configured and discover the limiter's, lim the
+-- provider's limit (-1 for none). The level is the rate of the last count
+-- that showed room, within 2 s, when that is lower; and a count that
+-- shows room (half the limit or more left) while the rate climbs back
+-- runs the climb's clock 4 times as fast (controller.go's roomy).
+local function drain(key, tat, now, keep, left, b, interval, rate, configured, discover, lim)
+  local st = redis.call('HMGET', key, 'climb', 'room', 'roomr')
+  local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
+  local climbing = discover > 0 and climb and now > climb and rate < configured
+  if left <= 0 then
+    if climbing then
+      local lvl = rate
+      if room and roomr and now - room < 2000000 and roomr < rate then lvl = roomr end
+      local r = string.format('%.17g', lvl)
       redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
     end
+  elseif lim and lim >= 2 and left >= lim / 2 then
+    if climbing and room then
+      local ahead = math.min(math.min(now - room, 250000) * 3, now - climb)
+      redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))
+    end
+    redis.call('HSET', key, 'room', string.format('%.0f', now), 'roomr', string.format('%.17g', rate))
   end
   return math.max(tat, now + (b - keep) * interval)
+end
+
+-- resolution returns the resolution a reset of d us was read to, as
+-- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
+-- whole seconds (and anything else).
+local function resolution(d)
+  if d % 1000 == 0 and d % 1000000 ~= 0 then return 1000 end
+  return 1000000
 end
 
 -- spend takes cost units of key's budget for a turn at at (us), at now:
@@ -239,14 +259,6 @@ end
 -- lets one request go after the hold and holds the key again until its
 -- answer tells the shape; the fleet's turns are given ahead of time, to
 -- waiters that would each be held a probe's time behind the other.)
--- resolution returns the resolution a reset of d us was read to, as
--- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
--- whole seconds (and anything else).
-local function resolution(d)
-  if d % 1000 == 0 and d % 1000000 ~= 0 then return 1000 end
-  return 1000000
-end
-
 local function spend(key, at, cost, probe, now)
   local st = redis.call('HMGET', key, 'bud', 'budu', 'shape')
   local bud, budu, shape = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]) or 0

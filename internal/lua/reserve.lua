@@ -26,10 +26,11 @@
 --          was sent (us; -1 when unknown), the fleet's requests in flight as
 --          estimated without the ring, what its reset means (the dialect's
 --          word: 0 unknown, 1 a window, 2 a bucket)
--- ARGV[13] how long a spent budget holds a key of unknown shape (us)
--- ARGV[14], ARGV[15]  the channel on which holds are told, and the key's
+-- ARGV[13] its limit; -1 when it states none
+-- ARGV[14] how long a spent budget holds a key of unknown shape (us)
+-- ARGV[15], ARGV[16]  the channel on which holds are told, and the key's
 --          id (unused: a spent budget's hold is not told, see below)
--- ARGV[16], ARGV[17], ...  pairs of (cost, max wait in us; -1 for none),
+-- ARGV[17], ARGV[18], ...  pairs of (cost, max wait in us; -1 for none),
 --          one pair a request, served in order
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
@@ -71,14 +72,14 @@ if reported then
   if keep then
     -- A bucket's count: the fleet's bucket holds no more than it leaves.
     local drained = drain(KEYS[3], tat, now, keep, left, math.max(burst, 1), interval, rate, tonumber(ARGV[1]),
-      tonumber(ARGV[4]))
+      tonumber(ARGV[4]), tonumber(ARGV[13]))
     if drained > tat then tat, changed = drained, true end
   end
 end
 local recorded = false
-local probe = tonumber(ARGV[13])
+local probe = tonumber(ARGV[14])
 local out = {0, string.format('%.17g', rate)}
-for i = 16, #ARGV, 2 do
+for i = 17, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst
