@@ -113,6 +113,7 @@ type ctlState struct {
 	budget          float64       // the units that may still be granted before budgetUntil (see spend)
 	budgetUntil     time.Time     // the reset the budget came with; zero for none
 	budgetRem       float64       // the provider's remaining the budget came with
+	budgetRes       time.Duration // its reset's resolution (resetResolution)
 	budgetUnit      time.Duration // the report's reset over its limit; 0 when it states no limit
 	ambiguous       uint8         // acceptances after a zero in a row that had the whole limit back (see learnShape)
 	meter           meter         // the key's recent outcomes, for the estimate of its limit
@@ -187,7 +188,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	}
 	st.report(s, q, hasQ)
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
-	stormStarts, advertisedNow := false, false
+	stormStarts, levelled := false, false
 	if ev == evExhausted && !hasQ {
 		if other, entered := st.storm.notQuota(s, &st.meter, old); other {
 			ev, stormStarts = evOther, entered
@@ -205,7 +206,6 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			adv = measured // a bucket that states no rate: its reports measure it
 		}
 		if adv > 0 {
-			advertisedNow = true
 			st.advertised, st.advertisedUntil = adv, now.Add(advertisedTTL)
 			if adv < old {
 				// Throttles to requests sent before this lowering belong
@@ -225,7 +225,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// limiter keeps no more than that in its own (Decision.drain).
 		if st.shape == shapeBucket && hasQ && !s.throttled() {
 			d.drain, d.keep = true, q.Remaining-float64(s.InFlight)
-			roomy = q.HasLimit && q.Limit >= 2 && d.keep >= q.Limit/2
+			roomy = q.HasLimit && q.Limit >= 2 && q.HasReset && d.keep >= q.Limit/2
 		}
 	case evExhausted:
 		// A bucket that says "nothing left" on a success (nothing once the
@@ -246,6 +246,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 				lvl = st.roomRate
 			}
 			st.wmax, st.w0, st.climb = lvl, lvl, now
+			levelled = lvl < old
 		}
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
@@ -271,7 +272,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			d.Why = "storm"
 		case new < old && ev == evExhausted && s.throttled():
 			d.Why = "throttled"
-		case new < old && ev == evExhausted && !advertisedNow:
+		case levelled:
 			d.Why = "counted" // levelled off: the provider's count showed no room
 		}
 	}
@@ -406,9 +407,10 @@ func probeFor(reset time.Duration, rate float64) time.Duration {
 // requests in flight (which the provider has not counted yet and which
 // will spend it), until its reset. A later report replaces it: the
 // provider's count is the truth, and the budget is never more than what it
-// says remains. A bucket has no budget: it refills continuously (see
-// Decision.drain); neither has a report without a reset (nothing says when
-// the quota comes back).
+// says remains; of the same window (a count no higher), the earliest end
+// any report stated stays. A bucket has no budget: it refills continuously
+// (see Decision.drain); neither has a report without a reset, or a window
+// that implies one (nothing says when the quota comes back).
 func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 	if st.shape == shapeBucket {
 		st.budget, st.budgetUntil, st.budgetUnit = 0, time.Time{}, 0
@@ -427,6 +429,7 @@ func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 		until = st.budgetUntil
 	}
 	st.budget, st.budgetUntil, st.budgetUnit, st.budgetRem = q.Remaining-float64(s.InFlight), until, 0, q.Remaining
+	st.budgetRes = resetResolution(q.Reset)
 	if q.HasLimit && q.Limit >= 1 {
 		st.budgetUnit = time.Duration(float64(q.Reset) / q.Limit)
 	}
@@ -448,7 +451,7 @@ func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
 	}
 	if !st.zeroUntil.After(now) {
 		st.zeroAt, st.zeroUntil, st.zeroUnit = now, st.budgetUntil, st.budgetUnit
-		st.zeroRes = resetResolution(st.budgetUntil.Sub(now))
+		st.zeroRes = st.budgetRes
 	}
 	if st.shape == shapeWindow {
 		st.hold = maxTime(st.hold, st.budgetUntil)

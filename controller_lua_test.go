@@ -354,21 +354,29 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	refusal := count(start, 429, 0)
 	refusal.HasRetryAfter = true
 	learn(refusal) // 70/s, climbing back to 100 (K = 3.9 s)
-	for i := 1; i <= 10; i++ {
+	for i := 1; i <= 5; i++ {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * 100 * time.Millisecond)))
 		learn(count(time.Now(), 200, 8))
 	}
 	now := time.Now()
 	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
-	assert.Greater(t, want, 97.0, "the Go controller climbed faster (CUBIC alone: 87.5 after a second)")
-	assert.InDelta(t, want, got, 2, "the fleet's rate")
-	learn(count(time.Now(), 200, 0)) // no room: levelled off
+	// (The fleet's clock runs ahead on the counts its reservations carry,
+	// on Redis's clock: a little behind the Go controller's.)
+	assert.Greater(t, want, 91.0, "the Go controller climbed faster (CUBIC alone: 80 after half a second)")
+	assert.Greater(t, got, 87.0, "the fleet climbed faster (CUBIC alone: 80 after half a second)")
+	assert.InDelta(t, want, got, 4, "the fleet's rate")
+	// No room: levelled off at the last count with room (about 90/s),
+	// where the climb, four times as fast, would be at 98 or more by the
+	// end.
+	learn(count(time.Now(), 200, 0))
 	time.Sleep(300 * time.Millisecond)
 	_, err := l.Wait(ctx, "k", 1, time.Second)
 	require.NoError(t, err)
 	now = time.Now()
 	got, want = l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
-	assert.InDelta(t, want, got, 2, "the fleet's rate, levelled off")
+	assert.Less(t, want, 95.0, "the Go controller levelled off")
+	assert.Less(t, got, 95.0, "the fleet levelled off")
+	assert.InDelta(t, want, got, 1.5, "the fleet's rate, levelled off")
 }
 
 // TestSharedControllerSteps runs the controller's step tables through a

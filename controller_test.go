@@ -301,17 +301,28 @@ func ctlTables() []ctlTable {
 			// later, not a whole window.
 			name: "a count with a window and no reset: nothing left holds until the window's end, dated by its first request",
 			steps: []sig{
-				{at: 0, sent: 0, status: 200, ra: -1, remaining: 9, reset: -1, limit: 10, window: s},
-				{at: 700 * ms, sent: 690 * ms, status: 200, ra: -1, remaining: 0, reset: -1, limit: 10, window: s},
+				{at: 0, sent: 0, status: 200, ra: -1, remaining: 9, reset: -1, limit: 10, window: s, kind: ResetKindWindow},
+				{at: 700 * ms, sent: 690 * ms, status: 200, ra: -1, remaining: 0, reset: -1, limit: 10, window: s, kind: ResetKindWindow},
 			},
 			wants: []want{{rate: 10, why: "advertised", shape: shapeWindow}, {hold: s, rate: 10, shape: shapeWindow}},
+		},
+		{
+			// A generic "X-RateLimit-Limit: 100;w=60" with no reset: the
+			// window implies one, but not what it means (a GCRA server
+			// states a window too), so nothing left holds a key of unknown
+			// shape briefly, a unit of the advertised rate (100/60 s).
+			name: "a window and no reset, its meaning not stated: nothing left holds briefly, as a shape not known yet",
+			steps: []sig{
+				{at: 0, sent: 0, status: 200, ra: -1, remaining: 0, reset: -1, limit: 100, window: time.Minute},
+			},
+			wants: []want{{hold: probeHold, rate: 100.0 / 60, why: "advertised"}},
 		},
 		{
 			// Salesforce's api-usage, a rolling day: looked at again a
 			// minute later, not held a day, and no pace of 40 a day.
 			name: "a day's count with nothing left holds the key a minute, and paces nothing",
 			steps: []sig{
-				{at: 0, sent: 0, status: 200, ra: -1, remaining: 0, reset: -1, limit: 40, window: 24 * time.Hour},
+				{at: 0, sent: 0, status: 200, ra: -1, remaining: 0, reset: -1, limit: 40, window: 24 * time.Hour, kind: ResetKindWindow},
 			},
 			wants: []want{{hold: time.Minute, shape: shapeWindow}},
 		},
@@ -857,7 +868,7 @@ func TestControllerBudgetSteps(t *testing.T) {
 	}
 	windowed := func(at, sent time.Duration, remaining float64, inFlight int) budgetStep {
 		x := withQuota(ok(at, sent), remaining, -1)
-		x.limit, x.window, x.inFlight = 10, time.Second, inFlight
+		x.limit, x.window, x.inFlight, x.kind = 10, time.Second, inFlight, ResetKindWindow
 		return budgetStep{report: x}
 	}
 	grant := func(at time.Duration) budgetStep { return budgetStep{grant: 1, at: at} }

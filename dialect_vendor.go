@@ -57,9 +57,12 @@ func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
 type callLimitReader struct{}
 
 // callLimitWindow is the time a used/capacity bucket takes to empty (see
-// callLimitReader). A provider that leaks faster is paced below its rate
-// (Gorgias's enterprise accounts: a 10-second window);
-// WithoutAdvertisedLimits turns the pace off.
+// callLimitReader). A plan that leaks faster is paced below its rate
+// (Gorgias's enterprise accounts: a 10-second window); one that leaks
+// slower is paced above it: its counts then empty the limiter's bucket
+// (Decision.drain) and its refusals hold the key, but lower nothing while
+// the advertised rate is believed. WithoutAdvertisedLimits turns the pace
+// off, and discovery finds the rate.
 const callLimitWindow = 20 * time.Second
 
 // ReadSignal implements SignalReader.
@@ -83,7 +86,7 @@ func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 // salesforceReader reads Salesforce's Sforce-Limit-Info:
 // "api-usage=18/5000; per-app-api-usage=17/250(appName=app)", one Quota per
 // named pair, each over a window of a day (the count is of a rolling 24
-// hours; no reset is sent: see Quota.impliedReset).
+// hours; no reset is sent: see Quota.impliedReset), counted as a window's.
 type salesforceReader struct{}
 
 // ReadSignal implements SignalReader.
@@ -106,7 +109,7 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 			if used, capacity, ok := parsePair(val); ok {
 				q := pairQuota(used, capacity)
 				q.Name = strings.TrimSpace(name)
-				q.Window, q.HasWindow = 24*time.Hour, true
+				q.Window, q.HasWindow, q.Kind = 24*time.Hour, true, ResetKindWindow
 				s.AddQuota(q)
 			}
 		}
@@ -117,16 +120,16 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 // -Daily-Remaining (Name "daily", a window of a day: it runs midnight to
 // midnight in the account's time zone), -Secondly and -Secondly-Remaining
 // (Name "secondly", a one-second window), and -Interval-Milliseconds, -Max
-// and -Remaining (Name "interval", the window the milliseconds state). No
-// reset is sent: see Quota.impliedReset.
+// and -Remaining (Name "interval", the window the milliseconds state), each
+// counted as a window's. No reset is sent: see Quota.impliedReset.
 type hubSpotReader struct{}
 
 // ReadSignal implements SignalReader.
 func (hubSpotReader) ReadSignal(resp *http.Response, s *Signal) {
 	h := resp.Header
-	addCounts(s, Quota{Name: "daily", Window: 24 * time.Hour, HasWindow: true}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
-	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
-	q := Quota{Name: "interval"}
+	addCounts(s, Quota{Name: "daily", Window: 24 * time.Hour, HasWindow: true, Kind: ResetKindWindow}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
+	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true, Kind: ResetKindWindow}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
+	q := Quota{Name: "interval", Kind: ResetKindWindow}
 	if ms, ok := lowestAmount(h[hHubSpotIntervalMs]); ok && ms > 0 && ms < 1e12 {
 		q.Window, q.HasWindow = time.Duration(ms*float64(time.Millisecond)), true
 	}

@@ -258,7 +258,7 @@ func (s *shared) lead(id string, l *batchLane) {
 // returns each request's result and the key's hold left, as the script
 // saw it.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Duration, error) {
-	args := make([]any, 0, 16+2*len(batch))
+	args := make([]any, 0, 17+2*len(batch))
 	args = append(args, s.rate.PerSecond(), s.usable, s.depth)
 	args = s.learnArgs(args)
 	now := s.clock.Now()

@@ -73,16 +73,16 @@ func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *b
 // budgetArgs returns a report's arguments to a script run at now: the
 // remaining (-1 for none), the reset left, the unit, how long ago its
 // request was sent (-1 when unknown), the in-flight estimate, the kind, the
-// limit (-1 for none).
+// limit (-1 for none), the reset's resolution.
 func budgetArgs(r *budgetReport, now time.Time) []any {
 	if r == nil || r.read.Add(r.reset).Before(now) {
-		return []any{-1, 0, 0, -1, 0, 0, -1}
+		return []any{-1, 0, 0, -1, 0, 0, -1, micros(time.Second)}
 	}
 	ago := int64(-1)
 	if !r.sent.IsZero() {
 		ago = max(micros(now.Sub(r.sent)), 0)
 	}
-	return []any{r.remaining, micros(r.reset - now.Sub(r.read)), micros(r.unit), ago, r.inFlight, int(r.kind), r.limit}
+	return []any{r.remaining, micros(r.reset - now.Sub(r.read)), micros(r.unit), ago, r.inFlight, int(r.kind), r.limit, micros(resetResolution(r.reset))}
 }
 
 func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
@@ -271,7 +271,10 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		case new < old && ev == evExhausted && sig.throttled():
 			d.Why = "throttled"
 		case new < old && ev == evExhausted && adv == 0:
-			d.Why = "counted" // levelled off: the provider's count showed no room
+			// Levelled off: the provider's count showed no room (a level
+			// the script decides on a count carried by a reservation is
+			// not told: there is no Decision).
+			d.Why = "counted"
 		}
 	}
 	return d

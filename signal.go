@@ -87,7 +87,9 @@ type Quota struct {
 	// bucket server); see ResetKind.
 	Reset    time.Duration
 	HasReset bool
-	// Window is the length of the window Limit counts over, when stated.
+	// Window is the length of the window Limit counts over, when the
+	// headers or the provider's documentation state it (HubSpot's
+	// "secondly", Salesforce's rolling day, Shopify's 20-second bucket).
 	Window    time.Duration
 	HasWindow bool
 	// Used is how much of Limit was spent, when the provider says so
@@ -185,26 +187,30 @@ func (s *Signal) requestQuota() (q Quota, ok bool) {
 // window and no reset: a window's quota comes back within the window, so
 // the reset is read as the window, at most a minute (countLookAgain: a
 // day's count, Salesforce's rolling api-usage or HubSpot's daily, is
-// looked at again every minute, not held a day), and at most maxWait. The
-// shape is a window's, unless the dialect said a bucket. A bucket's count
-// (Shopify's used/capacity over its 20-second leak) implies nothing: it
-// refills continuously.
+// looked at again every minute, not held a day), and at most maxWait. What
+// the reset means stays as the dialect says (HubSpot's and Salesforce's
+// readers say a window's end; a generic "100;w=60" says nothing, and its
+// shape is learnt). A bucket's count (Shopify's used/capacity over its
+// 20-second leak) implies nothing: it refills continuously.
 func (q Quota) impliedReset(maxWait time.Duration) Quota {
 	if q.HasReset || !q.HasWindow || q.Window <= 0 || q.Kind == ResetKindBucket {
 		return q
 	}
 	q.Reset, q.HasReset = min(q.Window, countLookAgain, maxWait), true
-	q.Kind, q.implied = ResetKindWindow, true
+	q.implied = true
 	return q
 }
 
 // windowStart narrows the reset a window implies (Quota.impliedReset) from
 // the window's counts: a count with the whole limit back but one answers
 // the window's first request, so the window began when it was read at the
-// latest, and it ends a whole number of windows after that. (Where the
-// window rolls, or began before a first request sent mid-window, the end
-// found is later than the real one: a hold until then is longer than it
-// had to be, never shorter.)
+// latest, and ends a window after that. Only that window is narrowed: the
+// next may begin at its first request after a pause, or at a request of
+// another client (another instance of a fleet), which this one does not
+// see. (Where the window rolls, or began before a first request sent
+// mid-window, the end found is later than the real one: a hold until then
+// is longer than it had to be, never shorter.) One start is kept a key:
+// the quota the key is held to.
 type windowStart struct{ at time.Time }
 
 // narrow narrows q's implied reset as of s, the signal q was read from.
@@ -215,10 +221,9 @@ func (w *windowStart) narrow(q *Quota, s *Signal) {
 	if q.Remaining >= q.Limit-1 {
 		w.at = s.Now
 	}
-	if w.at.IsZero() || s.Now.Before(w.at) {
-		return
+	if since := s.Now.Sub(w.at); !w.at.IsZero() && since >= 0 && since < q.Window {
+		q.Reset = min(q.Reset, q.Window-since)
 	}
-	q.Reset = min(q.Reset, q.Window-s.Now.Sub(w.at)%q.Window)
 }
 
 // countLookAgain is the longest reset a window implies (see impliedReset).

@@ -108,7 +108,7 @@ end
 if ARGV[28] == '1' then
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   redis.call('HSET', KEYS[1], 'shape', shape)
-  local keep, left = report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0)
+  local keep, left = report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0, resolution(reset))
   if keep and accepted then
     -- A bucket's count on a success: the fleet's bucket holds no more
     -- than it leaves (as in reserve.lua).

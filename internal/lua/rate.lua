@@ -51,7 +51,8 @@ end
 --               (us), and the reported reset over its limit (us; 0 when
 --               none): set by a report of a window's quota (or one whose
 --               shape is not known yet), spent by every grant
---   budr        the provider's remaining that report stated
+--   budr, budres  the provider's remaining that report stated, and its
+--               reset's resolution (us)
 --   hist        since when the grants are recorded (us)
 --   g0 .. g255  the grants of the last 2.56 s, a ring of 10 ms slots:
 --               "<slot>:<units>", slot being the turn's time / 10 ms; kept
@@ -114,6 +115,14 @@ local function granted(key, from, upto, now, hist, mid)
   return n, m
 end
 
+-- resolution returns the resolution a reset of d us was read to, as
+-- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
+-- whole seconds (and anything else).
+local function resolution(d)
+  if d % 1000 == 0 and d % 1000000 ~= 0 then return 1000 end
+  return 1000000
+end
+
 -- The fleet's refusals, by the time their request was sent, in four slots
 -- of a quarter second ("f0" .. "f3", see tally): with the ring of grants,
 -- the share of the fleet's requests the provider accepted (the meter of
@@ -133,18 +142,20 @@ local function refusedLastSecond(key, now)
   end
   return n
 end
+
 -- report sets key's budget from a report at now: remaining rem (the
 -- provider's count, as of the reported request), the reset in us, unit in
 -- us (the reset over the limit; 0 for none), sent the reported request's
 -- send time (us; -1 unknown), inflight the fallback estimate of the
 -- fleet's requests in flight, tat the bucket's, kind what the reset
--- means as the provider's dialect says (0 when it does not). A bucket has
+-- means as the provider's dialect says (0 when it does not), res the
+-- resolution the reset was read to (us; see resolution). A bucket has
 -- no budget: for one, report returns the units its count leaves the fleet
 -- once every turn given is spent (its remaining less the fleet's requests
 -- it has not counted yet, and the turns still to come; below 0 when they
 -- are more) and what it leaves now (less the requests sent, not the turns
 -- to come), else nil: see drain.
-local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
+local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res)
   local st = redis.call('HMGET', key, 'shape', 'hist')
   if kind > 0 then
     redis.call('HSET', key, 'shape', kind)
@@ -205,7 +216,7 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind)
   local pu, pr = tonumber(prev[1]), tonumber(prev[2])
   if pu and pr and pu > now and rem <= pr and pu < budu then budu = pu end
   redis.call('HSET', key, 'bud', string.format('%.17g', left), 'budu', string.format('%.0f', budu),
-    'budn', string.format('%.0f', unit), 'budr', string.format('%.17g', rem))
+    'budn', string.format('%.0f', unit), 'budr', string.format('%.17g', rem), 'budres', res)
 end
 
 -- drain applies what a bucket provider's count leaves (report's keep and
@@ -242,14 +253,6 @@ local function drain(key, tat, now, keep, left, b, interval, rate, configured, d
   return math.max(tat, now + (b - keep) * interval)
 end
 
--- resolution returns the resolution a reset of d us was read to, as
--- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
--- whole seconds (and anything else).
-local function resolution(d)
-  if d % 1000 == 0 and d % 1000000 ~= 0 then return 1000 end
-  return 1000000
-end
-
 -- spend takes cost units of key's budget for a turn at at (us), at now:
 -- it returns 0 when they were there (or there is no budget, or it has
 -- expired), else the time (us) the key is held until: the budget's reset
@@ -268,10 +271,10 @@ local function spend(key, at, cost, probe, now)
     return 0
   end
   -- Spent: a "remaining 0" as of at, whose answer tells the shape.
-  local z = redis.call('HMGET', key, 'zun', 'budn')
+  local z = redis.call('HMGET', key, 'zun', 'budn', 'budres')
   if not (tonumber(z[1]) and tonumber(z[1]) > now) then
     redis.call('HSET', key, 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', budu), 'zunit', z[2] or '0',
-      'zres', resolution(budu - now))
+      'zres', z[3] or '1000000')
   end
   if shape == 1 then return budu end
   redis.call('HDEL', key, 'bud', 'budu')

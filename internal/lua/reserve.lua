@@ -26,11 +26,12 @@
 --          was sent (us; -1 when unknown), the fleet's requests in flight as
 --          estimated without the ring, what its reset means (the dialect's
 --          word: 0 unknown, 1 a window, 2 a bucket)
--- ARGV[13] its limit; -1 when it states none
--- ARGV[14] how long a spent budget holds a key of unknown shape (us)
--- ARGV[15], ARGV[16]  the channel on which holds are told, and the key's
+-- ARGV[13], ARGV[14]  its limit (-1 when it states none), and the
+--          resolution its reset was read to (us; see resolution)
+-- ARGV[15] how long a spent budget holds a key of unknown shape (us)
+-- ARGV[16], ARGV[17]  the channel on which holds are told, and the key's
 --          id (unused: a spent budget's hold is not told, see below)
--- ARGV[17], ARGV[18], ...  pairs of (cost, max wait in us; -1 for none),
+-- ARGV[18], ARGV[19], ...  pairs of (cost, max wait in us; -1 for none),
 --          one pair a request, served in order
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
@@ -68,7 +69,7 @@ if reported then
   local sent = -1
   if tonumber(ARGV[10]) >= 0 then sent = now - tonumber(ARGV[10]) end
   local keep, left = report(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), sent,
-    tonumber(ARGV[11]), tat, tonumber(ARGV[12]))
+    tonumber(ARGV[11]), tat, tonumber(ARGV[12]), tonumber(ARGV[14]))
   if keep then
     -- A bucket's count: the fleet's bucket holds no more than it leaves.
     local drained = drain(KEYS[3], tat, now, keep, left, math.max(burst, 1), interval, rate, tonumber(ARGV[1]),
@@ -77,9 +78,9 @@ if reported then
   end
 end
 local recorded = false
-local probe = tonumber(ARGV[14])
+local probe = tonumber(ARGV[15])
 local out = {0, string.format('%.17g', rate)}
-for i = 17, #ARGV, 2 do
+for i = 18, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst
