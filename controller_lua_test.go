@@ -356,7 +356,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	learn(refusal) // 70/s, climbing back to 100 (K = 3.9 s)
 	for i := 1; i <= 5; i++ {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * 100 * time.Millisecond)))
-		learn(count(time.Now(), 200, 8))
+		learn(count(time.Now(), 200, 9))
 	}
 	now := time.Now()
 	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)

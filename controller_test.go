@@ -1045,7 +1045,7 @@ func TestAdvertisedPacesShortWindowsOnly(t *testing.T) {
 }
 
 // TestControllerRoomSteps: climbing back after a decrease, a bucket whose
-// counts show room (8 of 10 left) climbs four times as fast (99.98/s a
+// counts show room (9 of 10 left: full) climbs four times as fast (99.98/s a
 // second after the decrease, against 87.5 along CUBIC alone), and a count
 // with no room levels the climb off at the rate of the last count with
 // room. (TestSharedBucketRoomClimbsFaster runs the same through Redis.)
@@ -1061,9 +1061,9 @@ func TestControllerRoomSteps(t *testing.T) {
 		rates     []float64
 		level     float64 // the rate after a count with no room; 0: no change
 	}{
-		{"room: four times as fast", 8,
+		{"room: four times as fast", 9,
 			[]float64{72.02, 77.92, 84.60, 89.77, 93.64, 96.38, 98.19, 99.27, 99.80, 99.98}, 99.87},
-		{"less than half left: CUBIC's pace", 3,
+		{"not full: CUBIC's pace", 8,
 			[]float64{72.02, 74.16, 76.19, 78.10, 79.91, 81.62, 83.23, 84.74, 86.16, 87.49}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

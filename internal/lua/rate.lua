@@ -230,7 +230,7 @@ end
 -- rate is the key's, configured and discover the limiter's, lim the
 -- provider's limit (-1 for none). The level is the rate of the last count
 -- that showed room, within 2 s, when that is lower; and a count that
--- shows room (half the limit or more left) while the rate climbs back
+-- shows room (all but one unit of the limit left) while the rate climbs back
 -- runs the climb's clock 4 times as fast (controller.go's roomy).
 local function drain(key, tat, now, keep, left, b, interval, rate, configured, discover, lim)
   local st = redis.call('HMGET', key, 'climb', 'room', 'roomr')
@@ -243,7 +243,7 @@ local function drain(key, tat, now, keep, left, b, interval, rate, configured, d
       local r = string.format('%.17g', lvl)
       redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
     end
-  elseif lim and lim >= 2 and left >= lim / 2 then
+  elseif lim and lim >= 2 and left >= lim - 1 then
     if climbing and room then
       local ahead = math.min(math.min(now - room, 250000) * 3, now - climb)
       redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))
