@@ -380,7 +380,13 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 	}
 	switch st.shape {
 	case shapeWindow:
-		return now.Add(max(reset, s.RetryAfter))
+		// Until the reset, or the earliest end a report of the same window
+		// stated (the budget's: see report).
+		end := now.Add(reset)
+		if st.budgetUntil.After(now) && st.budgetUntil.Before(end) {
+			end = st.budgetUntil
+		}
+		return maxTime(end, now.Add(s.RetryAfter))
 	case shapeBucket:
 		if !s.throttled() {
 			return now // a success: the limiter's own pacing is the wait (see drain)

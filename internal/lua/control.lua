@@ -152,7 +152,13 @@ if exhausted then
         'zunit', string.format('%.0f', unit), 'zres', resolution(reset))
     end
     if shape == 1 then
-      untilus = now + math.max(reset, ra)
+      -- until the reset, or the earliest end a report of the same window
+      -- stated (the budget's, see report in rate.lua: an instance whose
+      -- answers dated the window's start narrowed it)
+      local e = now + reset
+      local bu = tonumber(redis.call('HGET', KEYS[1], 'budu') or '')
+      if bu and bu > now and bu < e then e = bu end
+      untilus = math.max(e, now + ra)
     elseif shape == 2 then
       -- a success says the bucket is empty: the rate is the wait; a
       -- refusal holds one unit
