@@ -293,19 +293,33 @@ func TestSharedBudgetHoldsFromNow(t *testing.T) {
 	assert.Less(t, last, 300*time.Millisecond, "the last waiter's turn")
 }
 
+// sharedBesideGo returns a SharedTokenBucket at 100/s (burst 10) on a new
+// redis-server, its learning settings, a Go controller's state beside it,
+// and a learn that hands a signal to both for key "k" (and, with carry,
+// waits for a turn, whose reservation carries the signal's count to the
+// script).
+func sharedBesideGo(t *testing.T, name string, carry bool) (*SharedTokenBucket, *learnConfig, *ctlState, func(Signal)) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newSharedTB(t, srv.Client(t), name, PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	cfg := l.learn
+	goSt := new(ctlState)
+	return l, &cfg, goSt, func(s Signal) {
+		goSt.learn(&cfg, &s)
+		require.NoError(t, l.Learn(ctx, "k", s).Err)
+		if carry {
+			_, err := l.Wait(ctx, "k", 1, time.Second)
+			require.NoError(t, err)
+		}
+	}
+}
+
 // TestSharedBucketLevelsOff: climbing back after a decrease, a success
 // that says the provider's bucket has no room left levels the fleet's
 // climb off at the rate it has reached, as the Go controller levels off.
 func TestSharedBucketLevelsOff(t *testing.T) {
-	srv := redistest.Start(t)
 	ctx := context.Background()
-	l := newSharedTB(t, srv.Client(t), "level", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
-	cfg := l.learn
-	var goSt ctlState
-	learn := func(s Signal) {
-		goSt.learn(&cfg, &s)
-		require.NoError(t, l.Learn(ctx, "k", s).Err)
-	}
+	l, cfg, goSt, learn := sharedBesideGo(t, "level", false)
 	bucket := Quota{Remaining: 5, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}
 	start := time.Now()
 	// A refusal: 70/s, climbing back to 100 (K = 3.9 s).
@@ -324,7 +338,7 @@ func TestSharedBucketLevelsOff(t *testing.T) {
 	_, err = l.Wait(ctx, "k", 1, time.Second)
 	require.NoError(t, err)
 	now = time.Now()
-	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
 	assert.Less(t, want, 82.0, "the Go controller levelled off (it would be at 88 climbing)")
 	assert.InDelta(t, want, got, 1.5, "the fleet's rate")
 }
@@ -335,17 +349,8 @@ func TestSharedBucketLevelsOff(t *testing.T) {
 // times as fast, as the Go controller's; a count with no room levels it off
 // at the rate of the last one with room.
 func TestSharedBucketRoomClimbsFaster(t *testing.T) {
-	srv := redistest.Start(t)
 	ctx := context.Background()
-	l := newSharedTB(t, srv.Client(t), "room", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
-	cfg := l.learn
-	var goSt ctlState
-	learn := func(s Signal) {
-		goSt.learn(&cfg, &s)
-		require.NoError(t, l.Learn(ctx, "k", s).Err)
-		_, err := l.Wait(ctx, "k", 1, time.Second) // carries the report
-		require.NoError(t, err)
-	}
+	l, cfg, goSt, learn := sharedBesideGo(t, "room", true)
 	count := func(at time.Time, status int, remaining float64) Signal {
 		return Signal{Now: at, SentAt: at, Status: status, Quotas: []Quota{{Limit: 10, HasLimit: true,
 			Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
@@ -359,7 +364,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 		learn(count(time.Now(), 200, 9))
 	}
 	now := time.Now()
-	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
 	// (The fleet's clock runs ahead on the counts its reservations carry,
 	// on Redis's clock: a little behind the Go controller's.)
 	assert.Greater(t, want, 91.0, "the Go controller climbed faster (CUBIC alone: 80 after half a second)")
@@ -373,7 +378,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	_, err := l.Wait(ctx, "k", 1, time.Second)
 	require.NoError(t, err)
 	now = time.Now()
-	got, want = l.EffectiveRate("k").PerSecond(), goSt.rate(&cfg, now)
+	got, want = l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
 	assert.Less(t, want, 95.0, "the Go controller levelled off")
 	assert.Less(t, got, 95.0, "the fleet levelled off")
 	assert.InDelta(t, want, got, 1.5, "the fleet's rate, levelled off")
