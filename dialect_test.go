@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // sigCase is one response and the signal it must give.
@@ -395,4 +398,32 @@ func TestDialectHeaderNamesAreCanonical(t *testing.T) {
 			t.Errorf("%q would be passed over by maySignal", h)
 		}
 	}
+}
+
+// TestRequestQuotaSameLimitTwice: two reports of the same limit and
+// remaining (Jira's Beta-RateLimit, reset in seconds, and X-RateLimit-Reset,
+// in whole minutes) are one limit: the finer is read. Two different limits
+// with as much left both must come back: the later reset.
+func TestRequestQuotaSameLimitTwice(t *testing.T) {
+	beta := Quota{Name: "default", Limit: 20, HasLimit: true, Remaining: 0, HasRemaining: true,
+		Reset: time.Second, HasReset: true, Window: time.Second, HasWindow: true}
+	minutes := Quota{Limit: 20, HasLimit: true, Remaining: 0, HasRemaining: true, Reset: 43 * time.Second, HasReset: true}
+	for _, order := range [][]Quota{{beta, minutes}, {minutes, beta}} {
+		s := Signal{Quotas: order}
+		q, ok := s.requestQuota()
+		require.True(t, ok)
+		assert.Equal(t, time.Second, q.Reset, "the same limit sent twice: the one that states its window")
+	}
+	other := minutes
+	other.Limit = 5000 // an hourly quota with nothing left either
+	for _, order := range [][]Quota{{beta, other}, {other, beta}} {
+		s := Signal{Quotas: order}
+		q, _ := s.requestQuota()
+		assert.Equal(t, 43*time.Second, q.Reset, "two limits: the later reset")
+	}
+	early := minutes
+	early.Reset = 40 * time.Second
+	s := Signal{Quotas: []Quota{minutes, early}}
+	q, _ := s.requestQuota()
+	assert.Equal(t, 40*time.Second, q.Reset, "the same limit, neither with a window: the earlier reset")
 }

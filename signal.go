@@ -168,16 +168,38 @@ const (
 )
 
 // requestQuota returns the most restrictive quota of the requests
-// dimension: the one with the least remaining (on a tie, the later reset),
-// and ok false when the signal has none with a remaining count.
+// dimension: the one with the least remaining (on a tie, the later reset:
+// both must come back), and ok false when the signal has none with a
+// remaining count. Two reports of the same limit and remaining are one
+// limit sent twice, in two families (Jira's Beta-RateLimit, whose reset is
+// in seconds, and its X-RateLimit-Reset, in whole minutes): the finer
+// wins, the one that states its window, else the earlier reset (both are
+// rounded up from the same end).
 func (s *Signal) requestQuota() (q Quota, ok bool) {
 	for _, c := range s.Quotas {
 		if c.Dimension != Requests || !c.HasRemaining {
 			continue
 		}
 		c = c.impliedReset(s.maxWait())
-		if !ok || c.Remaining < q.Remaining || (c.Remaining == q.Remaining && c.Reset > q.Reset) {
+		if !ok || c.Remaining < q.Remaining {
 			q, ok = c, true
+			continue
+		}
+		if c.Remaining != q.Remaining {
+			continue
+		}
+		if c.HasLimit && q.HasLimit && c.Limit == q.Limit && c.HasReset && q.HasReset {
+			if c.HasWindow != q.HasWindow {
+				if c.HasWindow {
+					q = c
+				}
+			} else if c.Reset < q.Reset {
+				q = c
+			}
+			continue
+		}
+		if c.Reset > q.Reset {
+			q = c
 		}
 	}
 	return q, ok
