@@ -415,8 +415,8 @@ func probeFor(reset time.Duration, rate float64) time.Duration {
 // provider's count is the truth, and the budget is never more than what it
 // says remains; of the same window (a count no higher), the earliest end
 // any report stated stays. A bucket has no budget: it refills continuously
-// (see Decision.drain); neither has a report without a reset, or a window
-// that implies one (nothing says when the quota comes back).
+// (see Decision.drain); neither has a report with neither a reset nor a
+// window that implies one (nothing says when the quota comes back).
 func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 	if st.shape == shapeBucket {
 		st.budget, st.budgetUntil, st.budgetUnit = 0, time.Time{}, 0
