@@ -176,9 +176,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	now := s.Now
 	var d Decision
 	old := st.rate(cfg, now)
-	q, hasQ := s.requestQuota()
+	q, implied, hasQ := s.requestQuota()
 	if hasQ {
-		st.start.narrow(&q, s)
+		st.start.narrow(&q, implied, s)
 	}
 	ev := classify(s, q, hasQ)
 	if hasQ && q.Kind != ResetKindUnknown {

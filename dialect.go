@@ -198,7 +198,7 @@ func hostName(host string) string {
 // pause and never retried.
 func (s *Signal) finish() {
 	if s.Status == http.StatusForbidden && !s.Throttling {
-		if q, ok := s.requestQuota(); ok && q.Remaining == 0 {
+		if q, _, ok := s.requestQuota(); ok && q.Remaining == 0 {
 			s.Throttling = true
 			s.SetScope(ScopeQuota)
 		} else if s.HasRetryAfter {

@@ -203,7 +203,7 @@ func TestDialectGitHub(t *testing.T) {
 	if !s.throttled() {
 		t.Fatal("a 403 with remaining 0 is not throttled()")
 	}
-	if q, ok := s.requestQuota(); !ok || q.Remaining != 0 || q.Reset != 10*time.Minute {
+	if q, _, ok := s.requestQuota(); !ok || q.Remaining != 0 || q.Reset != 10*time.Minute {
 		t.Fatalf("requestQuota() = %+v, %v", q, ok)
 	}
 }
@@ -410,7 +410,7 @@ func TestRequestQuotaSameLimitTwice(t *testing.T) {
 	minutes := Quota{Limit: 20, HasLimit: true, Remaining: 0, HasRemaining: true, Reset: 43 * time.Second, HasReset: true}
 	for _, order := range [][]Quota{{beta, minutes}, {minutes, beta}} {
 		s := Signal{Quotas: order}
-		q, ok := s.requestQuota()
+		q, _, ok := s.requestQuota()
 		require.True(t, ok)
 		assert.Equal(t, time.Second, q.Reset, "the same limit sent twice: the one that states its window")
 	}
@@ -418,12 +418,12 @@ func TestRequestQuotaSameLimitTwice(t *testing.T) {
 	other.Limit = 5000 // an hourly quota with nothing left either
 	for _, order := range [][]Quota{{beta, other}, {other, beta}} {
 		s := Signal{Quotas: order}
-		q, _ := s.requestQuota()
+		q, _, _ := s.requestQuota()
 		assert.Equal(t, 43*time.Second, q.Reset, "two limits: the later reset")
 	}
 	early := minutes
 	early.Reset = 40 * time.Second
 	s := Signal{Quotas: []Quota{minutes, early}}
-	q, _ := s.requestQuota()
+	q, _, _ := s.requestQuota()
 	assert.Equal(t, 40*time.Second, q.Reset, "the same limit, neither with a window: the earlier reset")
 }

@@ -525,6 +525,25 @@ func waitTimers(t testing.TB, fc *clock.Fake, n int) {
 
 // recvWithin receives from ch, or fails the test if nothing comes within a
 // generous real-time bound.
+// waited is what a WaitCost returned.
+type waited struct {
+	g   Grant
+	err error
+}
+
+// waitCostAsync calls l.WaitCost(ctx, key, c, 0) on a goroutine of its own
+// and returns a channel that will carry its result.
+func waitCostAsync(ctx context.Context, l interface {
+	WaitCost(context.Context, string, Cost, time.Duration) (Grant, error)
+}, key string, c Cost) <-chan waited {
+	ch := make(chan waited, 1)
+	go func() {
+		g, err := l.WaitCost(ctx, key, c, 0)
+		ch <- waited{g, err}
+	}()
+	return ch
+}
+
 func recvWithin[T any](t testing.TB, ch <-chan T) T {
 	t.Helper()
 	select {

@@ -368,22 +368,15 @@ func TestLimitsRefundMovesWaitersSooner(t *testing.T) {
 	l, fc := newLimitsOnFake(t, WindowOf(Tokens, 100, time.Second))
 	_, g, err := reserveIn(t, l, "k", Cost{Tokens: 80}, budget{})
 	require.NoError(t, err)
-	type result struct {
-		g   Grant
-		err error
-	}
-	res := make(chan result, 2)
+	var res []<-chan waited
 	for i, c := range []int{50, 30} {
-		go func() {
-			g, err := l.WaitCost(context.Background(), "k", Cost{Tokens: c}, 0)
-			res <- result{g, err}
-		}()
+		res = append(res, waitCostAsync(context.Background(), l, "k", Cost{Tokens: c}))
 		fc.WaitTimers(i + 1) // in this order
 	}
 	fc.Advance(100 * time.Millisecond)
 	l.Settle(g, Cost{Tokens: 20})
-	for range 2 {
-		r := recvWithin(t, res)
+	for _, ch := range res {
+		r := recvWithin(t, ch)
 		require.NoError(t, r.err)
 		assert.Equal(t, 100*time.Millisecond, r.g.Waited, "both go once the refund makes room")
 		assert.Equal(t, fc.Now(), r.g.At)
@@ -397,15 +390,12 @@ func TestLimitsRefundMovesWaitersSooner(t *testing.T) {
 	b, fc := newLimitsOnFake(t, WindowOf(Tokens, 100, time.Second), BucketOf(Requests, PerSecond(100), 10))
 	_, g, err = reserveIn(t, b, "k", Cost{Requests: 1, Tokens: 80}, budget{})
 	require.NoError(t, err)
-	go func() {
-		g, err := b.WaitCost(context.Background(), "k", Cost{Requests: 1, Tokens: 50}, 0)
-		res <- result{g, err}
-	}()
+	late := waitCostAsync(context.Background(), b, "k", Cost{Requests: 1, Tokens: 50})
 	fc.WaitTimers(1)
 	fc.Advance(100 * time.Millisecond)
 	b.Settle(g, Cost{Requests: 1, Tokens: 20})
 	fc.Advance(900 * time.Millisecond)
-	r := recvWithin(t, res)
+	r := recvWithin(t, late)
 	require.NoError(t, r.err)
 	assert.Equal(t, time.Second, r.g.Waited)
 }
@@ -417,21 +407,10 @@ func TestLimitsCancelledWaiterHoldsNoOneBack(t *testing.T) {
 	l, fc := newLimitsOnFake(t, WindowOf(Requests, 1, time.Second))
 	_, a, err := reserveIn(t, l, "k", Cost{Requests: 1}, budget{})
 	require.NoError(t, err)
-	type result struct {
-		g   Grant
-		err error
-	}
-	b, c := make(chan result, 1), make(chan result, 1)
-	go func() {
-		g, err := l.WaitCost(context.Background(), "k", Cost{Requests: 1}, 0)
-		b <- result{g, err}
-	}()
+	b := waitCostAsync(context.Background(), l, "k", Cost{Requests: 1})
 	fc.WaitTimers(1)
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		g, err := l.WaitCost(ctx, "k", Cost{Requests: 1}, 0)
-		c <- result{g, err}
-	}()
+	c := waitCostAsync(ctx, l, "k", Cost{Requests: 1})
 	fc.WaitTimers(2)
 	cancel()
 	require.ErrorIs(t, recvWithin(t, c).err, context.Canceled)

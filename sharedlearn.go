@@ -151,7 +151,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	}
 	ctx = context.WithoutCancel(ctx)
 	id := keyID(key)
-	q, hasQ := sig.requestQuota()
+	q, implied, hasQ := sig.requestQuota()
 	ev := classify(&sig, q, hasQ)
 	adv := 0.0
 	if s.learn.advertise {
@@ -167,7 +167,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		s.learnt.put(id, l)
 	}
 	if hasQ {
-		l.start.narrow(&q, &sig)
+		l.start.narrow(&q, implied, &sig)
 	}
 	// More than twice the limit accepted in the last second, by this
 	// instance alone: a bucket (see meter.outpaced). The script is told as

@@ -592,16 +592,8 @@ func TestSharedLimitsRefundMovesTheFleetsWaiters(t *testing.T) {
 	ctx := context.Background()
 	g, err := a.WaitCost(ctx, "k", Cost{Tokens: 90}, 0)
 	require.NoError(t, err)
-	type result struct {
-		g   Grant
-		err error
-	}
-	done := make(chan result, 1)
 	start := time.Now()
-	go func() {
-		g, err := b.WaitCost(ctx, "k", Cost{Tokens: 50}, 0)
-		done <- result{g, err}
-	}()
+	done := waitCostAsync(ctx, b, "k", Cost{Tokens: 50})
 	spinUntil(t, "b waits", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()

@@ -99,8 +99,6 @@ type Quota struct {
 	// Kind says what Reset means; ResetKindUnknown when the dialect does
 	// not say (read it as a window's end: the cautious reading).
 	Kind ResetKind
-
-	implied bool // the Reset is the one the window implies (impliedReset)
 }
 
 // ResetKind says what a Quota's Reset means.
@@ -174,15 +172,16 @@ const (
 // limit sent twice, in two families (Jira's Beta-RateLimit, whose reset is
 // in seconds, and its X-RateLimit-Reset, in whole minutes): the finer
 // wins, the one that states its window, else the earlier reset (both are
-// rounded up from the same end).
-func (s *Signal) requestQuota() (q Quota, ok bool) {
+// rounded up from the same end). A reset its window implies counts as
+// stated (Quota.impliedReset); implied says the one returned is such.
+func (s *Signal) requestQuota() (q Quota, implied, ok bool) {
 	for _, c := range s.Quotas {
 		if c.Dimension != Requests || !c.HasRemaining {
 			continue
 		}
-		c = c.impliedReset(s.maxWait())
+		c, imp := c.impliedReset(s.maxWait())
 		if !ok || c.Remaining < q.Remaining {
-			q, ok = c, true
+			q, implied, ok = c, imp, true
 			continue
 		}
 		if c.Remaining != q.Remaining {
@@ -191,18 +190,18 @@ func (s *Signal) requestQuota() (q Quota, ok bool) {
 		if c.HasLimit && q.HasLimit && c.Limit == q.Limit && c.HasReset && q.HasReset {
 			if c.HasWindow != q.HasWindow {
 				if c.HasWindow {
-					q = c
+					q, implied = c, imp
 				}
 			} else if c.Reset < q.Reset {
-				q = c
+				q, implied = c, imp
 			}
 			continue
 		}
 		if c.Reset > q.Reset {
-			q = c
+			q, implied = c, imp
 		}
 	}
-	return q, ok
+	return q, implied, ok
 }
 
 // impliedReset returns q with the reset its window implies when it states a
@@ -213,14 +212,14 @@ func (s *Signal) requestQuota() (q Quota, ok bool) {
 // the reset means stays as the dialect says (HubSpot's and Salesforce's
 // readers say a window's end; a generic "100;w=60" says nothing, and its
 // shape is learnt). A bucket's count (Shopify's used/capacity over its
-// 20-second leak) implies nothing: it refills continuously.
-func (q Quota) impliedReset(maxWait time.Duration) Quota {
+// 20-second leak) implies nothing: it refills continuously. implied says
+// whether q's reset is one its window implies.
+func (q Quota) impliedReset(maxWait time.Duration) (_ Quota, implied bool) {
 	if q.HasReset || !q.HasWindow || q.Window <= 0 || q.Kind == ResetKindBucket {
-		return q
+		return q, false
 	}
 	q.Reset, q.HasReset = min(q.Window, countLookAgain, maxWait), true
-	q.implied = true
-	return q
+	return q, true
 }
 
 // windowStart narrows the reset a window implies (Quota.impliedReset) from
@@ -235,9 +234,10 @@ func (q Quota) impliedReset(maxWait time.Duration) Quota {
 // the quota the key is held to.
 type windowStart struct{ at time.Time }
 
-// narrow narrows q's implied reset as of s, the signal q was read from.
-func (w *windowStart) narrow(q *Quota, s *Signal) {
-	if !q.implied || !q.HasLimit || !q.HasRemaining || q.Window <= 0 {
+// narrow narrows q's reset, when its window implies it (implied), as of s,
+// the signal q was read from.
+func (w *windowStart) narrow(q *Quota, implied bool, s *Signal) {
+	if !implied || !q.HasLimit || !q.HasRemaining || q.Window <= 0 {
 		return
 	}
 	if q.Remaining >= q.Limit-1 {
