@@ -53,6 +53,33 @@ type tokenBucket struct {
 	learn   *learnConfig // the limiter's
 	resume  time.Time    // guarded by mu; the end of a hold, at which the bucket holds one token
 	lowered lowerings    // guarded by mu; the key's last decreases, which spread the turns reserved before them
+	owed    float64      // guarded by mu; the fraction of a token a raise left owed (see setRate)
+}
+
+// setRate sets b's rate to l at t. x/time/rate counts the turns reserved
+// and not yet come as tokens owed, which a raise repays at the new rate;
+// but those turns keep the times they were given, at the old rate, and the
+// next turns would be given among them: for as long as the queue lasts
+// the key would go at the old rate and the new one at once, and meet a
+// refusal. So a raise scales what is owed by the raise, to the same time:
+// the next turn comes after the queue, at the new rate (as the fleet's
+// GCRA, which counts what is owed as time, does). A decrease needs
+// nothing: the turns reserved before it are spread (see lowerings).
+func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
+	old, owe := b.lim.Limit(), b.owed-b.lim.TokensAt(t)
+	b.lim.SetLimitAt(t, l)
+	if owe <= 0 {
+		b.owed = 0
+	}
+	if owe <= 0 || !(l > old) || old <= 0 || l == rate.Inf {
+		return
+	}
+	b.owed += owe * (float64(l)/float64(old) - 1)
+	for n := int(b.owed + 1e-9); n > 0; n = int(b.owed + 1e-9) { // (1e-9: a sum of fractions that makes a whole)
+		k := min(n, b.lim.Burst())
+		b.lim.ReserveN(t, k)
+		b.owed -= float64(k)
+	}
 }
 
 func (b *tokenBucket) atRest(now time.Time) bool {
@@ -281,7 +308,7 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	lim := bk.lim
 	if bk.ctl != nil {
 		if l := rate.Limit(bk.ctl.rate(&tb.learn, at)); l != lim.Limit() {
-			lim.SetLimitAt(at, l)
+			bk.setRate(at, l)
 		}
 	}
 	// The margin: a request goes at once only if it leaves margin units in
@@ -403,7 +430,7 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	}
 	if d.New != d.Old {
 		now := bk.inOrder(tb.clock.Now())
-		bk.lim.SetLimitAt(now, rate.Limit(d.New.PerSecond()))
+		bk.setRate(now, rate.Limit(d.New.PerSecond()))
 		// (From the end of the key's hold: the turns inside it are taken
 		// again after it.)
 		bk.lowered.add(now, bk.ctl.hold, d.Old.PerSecond()/d.New.PerSecond())

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress/internal/clock"
 )
@@ -478,4 +479,32 @@ func sinceEpoch(ts []time.Time) []time.Duration {
 		out[i] = t.Sub(limiterEpoch)
 	}
 	return out
+}
+
+// TestTokenBucketRaiseKeepsTheQueue: turns reserved at 10/s keep their
+// times; after a raise to 20/s the next turn comes after them, at the new
+// rate, not among them (x/time/rate alone repays what they owe at the new
+// rate and gives the next turn at 250 ms, while turns reserved before still
+// go at 300 and 400 ms: the key would send at both rates at once).
+func TestTokenBucketRaiseKeepsTheQueue(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	b := &tokenBucket{lim: rate.NewLimiter(10, 1)}
+	var last time.Duration
+	for i := 0; i < 5; i++ {
+		last = b.lim.ReserveN(t0, 1).DelayFrom(t0)
+	}
+	require.Equal(t, 400*time.Millisecond, last)
+	for _, step := range []rate.Limit{12, 15, 20} { // a climb, step by step
+		b.setRate(t0, step)
+	}
+	next := b.lim.ReserveN(t0, 1).DelayFrom(t0)
+	assert.InDelta(t, float64(450*time.Millisecond), float64(next), float64(5*time.Millisecond),
+		"the next turn: after the last one reserved, a unit at 20/s later")
+
+	// A decrease needs nothing of setRate (lowerings spread the turns).
+	b = &tokenBucket{lim: rate.NewLimiter(10, 1)}
+	b.lim.ReserveN(t0, 1)
+	b.lim.ReserveN(t0, 1)
+	b.setRate(t0, 5)
+	assert.Equal(t, 400*time.Millisecond, b.lim.ReserveN(t0, 1).DelayFrom(t0), "one owed, repaid at 5/s, then a unit")
 }
