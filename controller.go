@@ -122,6 +122,7 @@ type ctlState struct {
 	start           windowStart   // when a window that sends no reset began (see Quota.impliedReset)
 	room            time.Time     // when a bucket's count last showed room (see roomy)
 	roomRate        float64       // the key's rate then
+	drain           drainMark     // the first count of a bucket below full (see drainMark)
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -188,6 +189,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	}
 	st.report(s, q, hasQ)
 	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
+	if s.Status != 0 && !s.throttled() {
+		st.drain.n++ // accepted: it took a unit from the provider's bucket
+	}
 	stormStarts, levelled := false, false
 	if ev == evExhausted && !hasQ {
 		if other, entered := st.storm.notQuota(s, &st.meter, old); other {
@@ -226,6 +230,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		if st.shape == shapeBucket && hasQ && !s.throttled() {
 			d.drain, d.keep = true, q.Remaining-float64(s.InFlight)
 			roomy = q.HasLimit && q.Limit >= 2 && q.HasReset && d.keep >= q.Limit-1
+			levelled = st.counted(cfg, s, q, false, old)
 		}
 	case evExhausted:
 		// A bucket that says "nothing left" on a success (nothing once the
@@ -234,19 +239,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		d.drain = st.shape == shapeBucket && !s.throttled()
 		if d.drain && hasQ {
 			d.keep = min(q.Remaining-float64(s.InFlight), 0)
-		}
-		if d.drain && cfg.discover && !st.climb.IsZero() && now.After(st.climb) && old < cfg.configured {
-			// Climbing back, and the provider has no room left: the limit is
-			// about here. Level off rather than climb into a refusal — at
-			// the rate of the last report that showed room, when that was
-			// lately and lower (the rate climbed past the limit since) —
-			// and the climb resumes once it shows room again.
-			lvl := old
-			if now.Sub(st.room) < roomMemory && st.roomRate < old {
-				lvl = st.roomRate
-			}
-			st.wmax, st.w0, st.climb = lvl, lvl, now
-			levelled = lvl < old
+			levelled = st.counted(cfg, s, q, true, old)
 		}
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
@@ -519,6 +512,103 @@ func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
 		st.climb = st.climb.Add(-min(ahead, now.Sub(st.climb)))
 	}
 	st.room, st.roomRate = now, rate
+}
+
+// counted applies a bucket's count on a success s (quota q), the key's
+// rate being rate, to the climb back after a decrease; empty: the count
+// shows no room once the requests in flight are counted. It reports
+// whether the climb levelled off below rate. Climbing back, a bucket with
+// no room left says the limit is about here: the climb levels off rather
+// than climb into a refusal, at the rate of the last count that showed
+// room when that was lately and lower (the rate climbed past the limit
+// since), or at the rate the counts show the bucket refills at (see
+// drainMark) when lower still; it resumes once the bucket shows room
+// again. Counts that fall by drainFall or more while the bucket still has
+// room level it off at that measured rate too, when it is lower than the
+// key's: before the bucket is empty, while the requests sent at the
+// higher rate still find room.
+func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, rate float64) bool {
+	now, sent := s.Now, s.SentAt
+	if sent.IsZero() {
+		sent = now
+	}
+	if !cfg.discover || st.climb.IsZero() || !now.After(st.climb) || rate >= cfg.configured {
+		st.drain.count(sent, q) // not climbing back
+		return false
+	}
+	est, measured := st.drain.refills(sent, q.Remaining)
+	lvl := rate
+	switch {
+	case empty && measured:
+		lvl = min(rate, max(est, drainLow*rate, cfg.floor))
+	case empty:
+		if now.Sub(st.room) < roomMemory && st.roomRate < lvl && st.roomRate >= drainLow*rate {
+			lvl = max(st.roomRate, cfg.floor)
+		}
+	case measured && st.drain.rem-q.Remaining >= drainFall && est < rate:
+		lvl = max(est, drainLow*rate, cfg.floor)
+	default:
+		st.drain.count(sent, q)
+		return false
+	}
+	st.wmax, st.w0, st.climb = lvl, lvl, now
+	st.drain = drainMark{at: sent, rem: q.Remaining}
+	return lvl < rate
+}
+
+// drainMark is the first count of a stretch in which a bucket's counts
+// showed it below full: a bucket that is not full keeps all it refills, so
+// from there its counts measure its rate. A bucket whose remaining fell by
+// d while it accepted n requests in dt refilled n − d units: it refills at
+// (n − d)/dt. The requests are the successes heard since the mark's (those
+// in flight at either count are in neither it nor n); dt is between the
+// reported requests' send times, when the provider counted them. Whole
+// counts hide up to a unit of the fall, so the measure is the most they
+// allow, (n − d + 1)/dt: a measure that could be low by a unit would level
+// the climb off below the limit on noise, a little lower each time. A
+// count that shows the bucket full (all but one unit left) ends the
+// stretch (a full bucket throws its refill away); a mark older than
+// drainSpan is taken again, so that what it measures is recent. (The
+// fleet's script counts the turns it granted instead of the successes.)
+type drainMark struct {
+	at  time.Time
+	rem float64 // the remaining then
+	n   float64 // the requests accepted since (the successes heard)
+}
+
+// drainSpan is the longest a mark is kept; drainMin the shortest time
+// after it from which a count measures; drainFall how far counts with
+// room must fall to level the climb off; drainLow the lowest share of the
+// key's rate a level-off goes down to on a count's measure (lower, it is
+// for a refusal to tell).
+const (
+	drainSpan = 2 * time.Second
+	drainMin  = 250 * time.Millisecond
+	drainFall = 2
+	drainLow  = 0.5
+)
+
+// count takes a bucket's count on a success (quota q) whose request was
+// sent at now.
+func (m *drainMark) count(now time.Time, q Quota) {
+	switch {
+	case q.HasLimit && q.Limit >= 2 && q.Remaining >= q.Limit-1:
+		*m = drainMark{}
+	case m.at.IsZero() || now.Sub(m.at) >= drainSpan:
+		*m = drainMark{at: now, rem: q.Remaining}
+	}
+}
+
+// refills returns the rate the counts show the bucket refills at, from the
+// mark to a count of rem remaining of a request sent at now; false when
+// they do not show it (no mark, too soon after it, or no fall).
+func (m *drainMark) refills(now time.Time, rem float64) (float64, bool) {
+	dt := now.Sub(m.at).Seconds()
+	if m.at.IsZero() || dt < drainMin.Seconds() || rem >= m.rem {
+		return 0, false
+	}
+	est := (m.n - (m.rem - rem) + 1) / dt
+	return est, est > 0
 }
 
 // roomBoost is how much faster the climb back goes while a bucket shows

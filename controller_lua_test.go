@@ -384,6 +384,45 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	assert.InDelta(t, want, got, 1.5, "the fleet's rate, levelled off")
 }
 
+// TestSharedBucketLevelsAtTheRefill: as TestControllerLevelsAtTheRefill,
+// through Redis: climbing back after a decrease, sent at its rate to a
+// provider whose bucket refills at 80/s, the fleet's counts fall while the
+// bucket has room, and the script levels the climb off at the refill they
+// show (the fleet's turns granted since the first count below full, less
+// what the count fell, over the time), as the Go controller beside it does
+// with the successes it heard; the provider refuses nothing.
+func TestSharedBucketLevelsAtTheRefill(t *testing.T) {
+	ctx := context.Background()
+	l, cfg, goSt, learn := sharedBesideGo(t, "refill", false)
+	start := time.Now()
+	refusal := Signal{Now: start, SentAt: start, Status: 429, HasRetryAfter: true, Quotas: []Quota{{Limit: 10, HasLimit: true,
+		Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
+	learn(refusal) // 70/s, climbing back to 100
+	provider, refused := &simBucket{capacity: 10, rate: 80, level: 10}, 0
+	var goLevel float64
+	for time.Since(start) < 3*time.Second {
+		_, err := l.Wait(ctx, "k", 1, time.Second) // at the fleet's rate; carries the last count
+		require.NoError(t, err)
+		now := time.Now()
+		ok, q := provider.take(now.Sub(start), time.Second)
+		if !ok {
+			refused++
+			continue
+		}
+		s := Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{q}}
+		if d := goSt.learn(cfg, &s); d.Why == "counted" && goLevel == 0 {
+			goLevel = d.New.PerSecond()
+		}
+		require.NoError(t, l.Learn(ctx, "k", s).Err)
+	}
+	got := l.EffectiveRate("k").PerSecond()
+	t.Logf("the Go controller levelled off at %.1f/s; after 3 s it is at %.1f/s, the fleet at %.1f/s", goLevel, goSt.rate(cfg, time.Now()), got)
+	assert.Zero(t, refused, "the provider's bucket was never empty")
+	assert.InDelta(t, 80, goLevel, 4, "the Go controller levelled off at the refill")
+	assert.Less(t, got, 92.0, "the fleet levelled off (climbing, it would be at 100)")
+	assert.InDelta(t, goSt.rate(cfg, time.Now()), got, 4, "the fleet's rate beside the Go controller's")
+}
+
 // TestSharedControllerSteps runs the controller's step tables through a
 // SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The

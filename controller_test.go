@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -1044,48 +1045,103 @@ func TestAdvertisedPacesShortWindowsOnly(t *testing.T) {
 	assert.InDelta(t, 1000.0/3600, s.advertised(), 1e-9)
 }
 
-// TestControllerRoomSteps: climbing back after a decrease, a bucket whose
-// counts show room (9 of 10 left: full) climbs four times as fast (99.98/s a
-// second after the decrease, against 87.5 along CUBIC alone), and a count
+// bucketCount gives x a bucket's count: remaining of 10, full again in 1 s.
+func bucketCount(x sig, remaining float64) sig {
+	x.remaining, x.reset, x.quota, x.kind = remaining, time.Second, 10, ResetKindBucket
+	return x
+}
+
+// countStream feeds st, at the key's own rate, successes whose bucket
+// counts (limit 10, reset 1 s, a bucket by its dialect) are remaining(t) at
+// t, from from up to to, and returns the decisions that changed the rate.
+func countStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remaining func(time.Duration) float64) []Decision {
+	var changed []Decision
+	for at := from; at < to; {
+		if d := st.learn(cfg, bucketCount(ok(at, at-2*time.Millisecond), remaining(at)).signal()); d.Why != "" {
+			changed = append(changed, d)
+		}
+		at += time.Duration(float64(time.Second) / st.rate(cfg, ctlEpoch.Add(at)))
+	}
+	return changed
+}
+
+// TestControllerRoomSteps: climbing back after a decrease, with the key
+// sending at its rate. A bucket whose counts show room (9 of 10 left: full)
+// climbs four times as fast (to 100/s a second after the decrease, against
+// 87.5 along CUBIC alone); counts below full go at CUBIC's pace; a count
 // with no room levels the climb off at the rate of the last count with
-// room. (TestSharedBucketRoomClimbsFaster runs the same through Redis.)
+// room, or at the rate the counts show the bucket refills at when they
+// fell (drainMark): what it accepted, less what its count fell, over the
+// time. (TestSharedBucketRoomClimbsFaster and TestSharedBucketLevelsAtTheRefill
+// run the same through Redis.)
 func TestControllerRoomSteps(t *testing.T) {
 	const ms = time.Millisecond
-	bucket := func(x sig, remaining float64) sig {
-		x.remaining, x.reset, x.quota, x.kind = remaining, time.Second, 10, ResetKindBucket
-		return x
+	steady := func(n float64) func(time.Duration) float64 {
+		return func(time.Duration) float64 { return n }
 	}
 	for _, tc := range []struct {
-		name      string
-		remaining float64 // in the counts after the decrease
-		rates     []float64
-		level     float64 // the rate after a count with no room; 0: no change
+		name  string
+		first func(time.Duration) float64 // the counts after the decrease, up to until
+		until time.Duration
+		rate  float64                     // the rate then
+		then  func(time.Duration) float64 // the counts for 100 ms after
+		level float64                     // the rate after those
+		why   string
 	}{
-		{"room: four times as fast", 9,
-			[]float64{72.02, 77.92, 84.60, 89.77, 93.64, 96.38, 98.19, 99.27, 99.80, 99.98}, 99.87},
-		{"not full: CUBIC's pace", 8,
-			[]float64{72.02, 74.16, 76.19, 78.10, 79.91, 81.62, 83.23, 84.74, 86.16, 87.49}, 0},
+		{"room: four times as fast", steady(9), time.Second, 100, steady(9), 100, ""},
+		{"room, then none: the rate of the last count with room", steady(9), 500 * ms, 96.0, steady(0), 95.9, "counted"},
+		{"not full: CUBIC's pace", steady(8), time.Second, 87.5, steady(8), 88.7, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := defaultLearn(PerSecond(100))
 			var st ctlState
-			d := st.learn(&cfg, bucket(throttle(0, 0, 0), 0).signal())
+			// A second at the configured rate, full, then a refusal: 70/s.
+			countStream(&st, &cfg, 0, time.Second, steady(9))
+			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
 			require.Equal(t, "throttled", d.Why)
 			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
-			for i, want := range tc.rates {
-				at := time.Duration(i+1) * 100 * ms
-				d := st.learn(&cfg, bucket(ok(at, at-10*ms), tc.remaining).signal())
-				assert.Empty(t, d.Why, "a faster climb back is not told")
-				assert.InDelta(t, want, st.rate(&cfg, ctlEpoch.Add(at)), 0.01, "at %v", at)
-			}
-			d = st.learn(&cfg, bucket(ok(1100*ms, 1090*ms), 0).signal())
-			if tc.level == 0 {
-				assert.Empty(t, d.Why)
+			changed := countStream(&st, &cfg, time.Second+10*ms, time.Second+tc.until, tc.first)
+			assert.Empty(t, changed, "a faster climb back is not told")
+			assert.InDelta(t, tc.rate, st.rate(&cfg, ctlEpoch.Add(time.Second+tc.until)), 0.5)
+			changed = countStream(&st, &cfg, time.Second+tc.until, time.Second+tc.until+100*ms, tc.then)
+			assert.InDelta(t, tc.level, st.rate(&cfg, ctlEpoch.Add(time.Second+tc.until+100*ms)), 0.5)
+			if tc.why == "" {
+				assert.Empty(t, changed)
 				return
 			}
-			assert.Equal(t, "counted", d.Why)
-			assert.InDelta(t, tc.level, d.New.PerSecond(), 0.01)
-			assert.InDelta(t, tc.level, st.rate(&cfg, ctlEpoch.Add(1500*ms)), 0.05, "levelled off: the climb resumes from there at its own pace")
+			require.NotEmpty(t, changed)
+			assert.Equal(t, tc.why, changed[0].Why)
 		})
 	}
+}
+
+// TestControllerLevelsAtTheRefill: climbing back after a decrease, sent at
+// its rate to a provider whose bucket refills more slowly than the climb
+// goes, the counts fall while the bucket still has room, and the climb
+// levels off at the rate they show it refills at: before the bucket is
+// empty, with no refusal.
+func TestControllerLevelsAtTheRefill(t *testing.T) {
+	const ms = time.Millisecond
+	for _, limit := range []float64{75, 85, 95} {
+		t.Run(fmt.Sprintf("%g/s", limit), func(t *testing.T) {
+			cfg := defaultLearn(PerSecond(100))
+			var st ctlState
+			countStream(&st, &cfg, 0, time.Second, func(time.Duration) float64 { return 9 })
+			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
+			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+			provider, refused := &simBucket{capacity: 10, rate: limit, level: 10, at: time.Second}, 0
+			changed := countStream(&st, &cfg, time.Second+10*ms, 4*time.Second, func(at time.Duration) float64 {
+				ok, q := provider.take(at, time.Second)
+				if !ok {
+					refused++
+				}
+				return q.Remaining
+			})
+			require.NotEmpty(t, changed, "levelled off")
+			assert.Equal(t, "counted", changed[0].Why)
+			assert.InDelta(t, limit, changed[0].New.PerSecond(), 0.05*limit, "the refill the counts show")
+			assert.Zero(t, refused, "the bucket was never empty")
+		})
+	}
+
 }

@@ -112,8 +112,8 @@ if ARGV[28] == '1' then
   if keep and accepted then
     -- A bucket's count on a success: the fleet's bucket holds no more
     -- than it leaves (as in reserve.lua).
-    local drained = drain(KEYS[1], tat, now, keep, left, math.max(burst, 1), 1000000 / old, old, configured, discover,
-      lim)
+    local drained = drain(KEYS[1], tat, now, sent, keep, left, rem, math.max(burst, 1), 1000000 / old, old, configured,
+      discover, floor, lim)
     if drained > tat then
       redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
     end

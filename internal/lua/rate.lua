@@ -12,6 +12,10 @@
 --               than zun less it tells no shape
 --   f0 .. f3    the fleet's refusals in the last second, by quarter
 --               second (see control.lua)
+--   room, roomr  when a bucket's count last showed room, and the rate
+--               then (see drain)
+--   dra, drr    the first count of a bucket's stretch below full: when
+--               (us), and its remaining (see drain)
 -- The rate is min(configured, advertised, the CUBIC climb since the last
 -- decrease, never below floor): a function of the state and the time, so
 -- successes need no write. The climb's constant c is relative to wmax.
@@ -113,6 +117,24 @@ local function granted(key, from, upto, now, hist, mid)
     end
   end
   return n, m
+end
+
+-- between returns the units granted a turn after from and up to to (us),
+-- or nil when the ring does not cover from.
+local function between(key, from, to, hist)
+  local first, last = math.floor(from / ringSlot) + 1, math.floor(to / ringSlot)
+  if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then return nil end
+  if last < first then return 0 end
+  local fields = {}
+  for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
+  local n = 0
+  for i, v in ipairs(redis.call('HMGET', key, unpack(fields))) do
+    if v then
+      local s, u = string.match(v, '^(%d+):([%d.]+)$')
+      if tonumber(s) == first + i - 1 then n = n + tonumber(u) end
+    end
+  end
+  return n
 end
 
 -- resolution returns the resolution a reset of d us was read to, as
@@ -223,27 +245,61 @@ end
 -- left) to the fleet's, and returns the fleet's bucket's new tat (b units
 -- of tolerance at interval us a unit; it never adds any): it holds at most
 -- keep units at now, as the provider's does once the turns the fleet was
--- given are spent (controller.go's Decision.drain; owing, below 0). When
--- nothing is left now while key's rate climbs back after a decrease, the
--- limit is about the rate now: the climb levels off there, and resumes
--- once the provider shows room again (controller.go's learn, on a drain).
--- rate is the key's, configured and discover the limiter's, lim the
--- provider's limit (-1 for none). The level is the rate of the last count
--- that showed room, within 2 s, when that is lower; and a count that
--- shows room (all but one unit of the limit left) while the rate climbs back
--- runs the climb's clock 4 times as fast (controller.go's roomy).
-local function drain(key, tat, now, keep, left, b, interval, rate, configured, discover, lim)
-  local st = redis.call('HMGET', key, 'climb', 'room', 'roomr')
+-- given are spent (controller.go's Decision.drain; owing, below 0). rem is
+-- the count itself (the provider's remaining), sent when its request was
+-- sent (us; -1 unknown), lim the provider's limit (-1 for none); rate is
+-- the key's, configured, discover and floor the limiter's. The rest is
+-- controller.go's counted, with the fleet's turns for the requests it
+-- accepted: while the key's rate climbs back after a decrease, a count
+-- with nothing left levels the climb off at the rate the counts show the
+-- bucket refills at (dra and drr: the first count of a stretch below full,
+-- by its request's send time, see drainMark; the turns granted since, less
+-- what the count fell, plus one, over the time), else at the rate of the
+-- last count that showed room, within 2 s, when lower (and at least half
+-- the rate); counts that fell by 2 or more with room left level it off at
+-- the refill rate too, when lower. A count that shows room (all but one
+-- unit of the limit left) runs the climb's clock 4 times as fast
+-- (controller.go's roomy).
+local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim)
+  local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist')
   local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
+  local dra, drr, hist = tonumber(st[4] or ''), tonumber(st[5] or ''), tonumber(st[6] or '')
   local climbing = discover > 0 and climb and now > climb and rate < configured
-  if left <= 0 then
-    if climbing then
-      local lvl = rate
-      if room and roomr and now - room < 2000000 and roomr < rate then lvl = roomr end
-      local r = string.format('%.17g', lvl)
-      redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
+  -- (by the reported request's send time: the turns up to it are those
+  -- the provider had counted, whenever the report reaches the script)
+  local at = sent
+  if at < 0 then at = now end
+  local est = nil
+  if dra and drr and at - dra >= 250000 and rem < drr then
+    local n = between(key, dra, at, hist)
+    if n then
+      local e = (n - (drr - rem) + 1) * 1000000 / (at - dra)
+      if e > 0 then est = e end
     end
-  elseif lim and lim >= 2 and left >= lim - 1 then
+  end
+  local lvl = nil
+  if climbing then
+    if left <= 0 and est then
+      lvl = math.min(rate, math.max(est, 0.5 * rate, floor))
+    elseif left <= 0 then
+      lvl = rate
+      if room and roomr and now - room < 2000000 and roomr < rate and roomr >= 0.5 * rate then
+        lvl = math.max(roomr, floor)
+      end
+    elseif est and drr - rem >= 2 and est < rate then
+      lvl = math.max(est, 0.5 * rate, floor)
+    end
+  end
+  if lvl then
+    local r = string.format('%.17g', lvl)
+    redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now),
+      'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
+  elseif lim and lim >= 2 and rem >= lim - 1 then
+    redis.call('HDEL', key, 'dra', 'drr')
+  elseif not dra or at - dra >= 2000000 then
+    redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
+  end
+  if left > 0 and lim and lim >= 2 and left >= lim - 1 then
     if climbing and room then
       local ahead = math.min(math.min(now - room, 250000) * 3, now - climb)
       redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))

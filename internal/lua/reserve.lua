@@ -72,8 +72,8 @@ if reported then
     tonumber(ARGV[11]), tat, tonumber(ARGV[12]), tonumber(ARGV[14]))
   if keep then
     -- A bucket's count: the fleet's bucket holds no more than it leaves.
-    local drained = drain(KEYS[3], tat, now, keep, left, math.max(burst, 1), interval, rate, tonumber(ARGV[1]),
-      tonumber(ARGV[4]), tonumber(ARGV[13]))
+    local drained = drain(KEYS[3], tat, now, sent, keep, left, tonumber(ARGV[7]), math.max(burst, 1), interval, rate,
+      tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[13]))
     if drained > tat then tat, changed = drained, true end
   end
 end
