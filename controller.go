@@ -55,7 +55,8 @@ type Decision struct {
 	// changed; Why says what changed it: "advertised" (the provider stated
 	// its limit), "throttled" (discovery lowered it), "storm" (the
 	// decreases throttles caused are undone), "counted" (the provider's
-	// count showed no room as the rate climbed back: it levelled off).
+	// counts showed no room, or fell, as the rate climbed back: it
+	// levelled off at the refill they show, see counted).
 	Old, New Rate
 	Why      string
 	// Err is an error of the limiter while learning (a shared limiter that
@@ -266,7 +267,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		case new < old && ev == evExhausted && s.throttled():
 			d.Why = "throttled"
 		case levelled:
-			d.Why = "counted" // levelled off: the provider's count showed no room
+			d.Why = "counted" // levelled off: the provider's counts showed no room, or fell
 		}
 	}
 	if roomy {

@@ -278,9 +278,10 @@ type Observer struct {
 	// to; why is "advertised" (the provider stated its limit), "throttled"
 	// (discovery lowered it), "storm" (throttles thought to be about the
 	// quota were not: the decreases they caused are undone) or "counted"
-	// (a bucket's count showed no room as the rate climbed back: it levels
-	// off at the rate of the last count with room). Rates in between, as discovery climbs back,
-	// are read with the limiter's EffectiveRate.
+	// (a bucket's counts showed no room, or fell, as the rate climbed back:
+	// it levels off at the refill they show, or at the rate of the last
+	// count with room). Rates in between, as discovery climbs back, are
+	// read with the limiter's EffectiveRate.
 	OnRateChange func(key string, old, new Rate, why string)
 }
 
