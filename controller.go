@@ -501,9 +501,9 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // time since the last such count, at most roomGap of it, is added
 // roomBoost-1 times): the climb from a plateau at 40 to 90 a second takes
 // 1 to 3 s instead of 6. Past the limit the bucket drains, the counts show
-// it, and the climb goes at its own pace before the bucket is empty; a
-// count with no room levels it off at the rate of the last one with room
-// (see learn). (Half full, rather than full, was room at first: a bucket
+// it, and the climb goes at its own pace before the bucket is empty;
+// counts that fall, or show no room, level it off at the refill they show
+// (see counted). (Half full, rather than full, was room at first: a bucket
 // refilling a unit or two a second faster than it is sent to, just under
 // its limit, then sped the climb into refusals: 3 to 8 in 5 s in the fleet
 // benchmark's scenario B, against 0 to 2.)
