@@ -1069,11 +1069,10 @@ func countStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remaini
 // sending at its rate. A bucket whose counts show room (9 of 10 left: full)
 // climbs four times as fast (to 100/s a second after the decrease, against
 // 87.5 along CUBIC alone); counts below full go at CUBIC's pace; a count
-// with no room levels the climb off at the rate of the last count with
-// room, or at the rate the counts show the bucket refills at when they
-// fell (drainMark): what it accepted, less what its count fell, over the
-// time. (TestSharedBucketRoomClimbsFaster and TestSharedBucketLevelsAtTheRefill
-// run the same through Redis.)
+// with no room right after counts with room levels the climb off at the
+// rate of the last count with room (counts that fell level it off at the
+// refill they show: TestControllerLevelsAtTheRefill).
+// (TestSharedBucketRoomClimbsFaster runs the same through Redis.)
 func TestControllerRoomSteps(t *testing.T) {
 	const ms = time.Millisecond
 	steady := func(n float64) func(time.Duration) float64 {
@@ -1143,5 +1142,4 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 			assert.Zero(t, refused, "the bucket was never empty")
 		})
 	}
-
 }
