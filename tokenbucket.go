@@ -63,15 +63,20 @@ type tokenBucket struct {
 // the key would go at the old rate and the new one at once, and meet a
 // refusal. So a raise scales what is owed by the raise, to the same time:
 // the next turn comes after the queue, at the new rate (as the fleet's
-// GCRA, which counts what is owed as time, does). A decrease needs
-// nothing: the turns reserved before it are spread (see lowerings).
+// GCRA, which counts what is owed as time, does). That is for a climb, a
+// step at a time; a jump by more than raiseJump (an advertised limit
+// raised, a storm's decreases undone) is a limit restored, and a queue
+// given at a fraction of it would hold the key there for as long as it
+// lasts: the next turns go at the new rate at once, beside the old
+// queue's few. A decrease needs nothing: the turns reserved before it are
+// spread (see lowerings).
 func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
 	old, owe := b.lim.Limit(), b.owed-b.lim.TokensAt(t)
 	b.lim.SetLimitAt(t, l)
-	if owe <= 0 {
+	if owe <= 0 || l > old*raiseJump {
 		b.owed = 0
 	}
-	if owe <= 0 || !(l > old) || old <= 0 || l == rate.Inf {
+	if owe <= 0 || !(l > old) || l > old*raiseJump || old <= 0 || l == rate.Inf {
 		return
 	}
 	b.owed += owe * (float64(l)/float64(old) - 1)
@@ -81,6 +86,10 @@ func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
 		b.owed -= float64(k)
 	}
 }
+
+// raiseJump is the largest raise of a TokenBucket's rate at once that
+// keeps its queue (see setRate).
+const raiseJump = 1.5
 
 func (b *tokenBucket) atRest(now time.Time) bool {
 	b.mu.Lock()

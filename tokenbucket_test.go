@@ -485,7 +485,8 @@ func sinceEpoch(ts []time.Time) []time.Duration {
 // times; after a raise to 20/s the next turn comes after them, at the new
 // rate, not among them (x/time/rate alone repays what they owe at the new
 // rate and gives the next turn at 250 ms, while turns reserved before still
-// go at 300 and 400 ms: the key would send at both rates at once).
+// go at 300 and 400 ms: the key would send at both rates at once). A jump
+// by more than raiseJump is a limit restored: the next turns go at once.
 func TestTokenBucketRaiseKeepsTheQueue(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	b := &tokenBucket{lim: rate.NewLimiter(10, 1)}
@@ -500,6 +501,15 @@ func TestTokenBucketRaiseKeepsTheQueue(t *testing.T) {
 	next := b.lim.ReserveN(t0, 1).DelayFrom(t0)
 	assert.InDelta(t, float64(450*time.Millisecond), float64(next), float64(5*time.Millisecond),
 		"the next turn: after the last one reserved, a unit at 20/s later")
+
+	// A jump (a limit restored) does not: a queue given at 1/s would hold
+	// the key at 1/s for 4 s.
+	b = &tokenBucket{lim: rate.NewLimiter(1, 1)}
+	for i := 0; i < 5; i++ {
+		b.lim.ReserveN(t0, 1)
+	}
+	b.setRate(t0, 100)
+	assert.Equal(t, 50*time.Millisecond, b.lim.ReserveN(t0, 1).DelayFrom(t0), "4 owed and a unit, at 100/s")
 
 	// A decrease needs nothing of setRate (lowerings spread the turns).
 	b = &tokenBucket{lim: rate.NewLimiter(10, 1)}
