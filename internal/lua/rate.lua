@@ -92,21 +92,13 @@ local function grant(key, at, cost)
   tally(key, 'g', ringSlot, ringSize, at, cost)
 end
 
--- granted returns the units granted a turn at or after from (us), up to
--- upto (us), and of those the units up to mid (us; upto when nil), or nil
--- when the ring does not cover from.
-local function granted(key, from, upto, now, hist, mid)
-  local first, last = math.floor(from / ringSlot), math.floor(math.max(now, upto) / ringSlot)
-  if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then
-    return nil
-  end
-  local split = last
-  if mid then split = math.floor(math.max(now, mid) / ringSlot) end
+-- tallied returns the units of key's ring in slots first to last (slot
+-- numbers, last >= first), and of those the units up to slot split.
+local function tallied(key, first, last, split)
   local fields = {}
   for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
-  local vals = redis.call('HMGET', key, unpack(fields))
   local n, m = 0, 0
-  for i, v in ipairs(vals) do
+  for i, v in ipairs(redis.call('HMGET', key, unpack(fields))) do
     if v then
       local s, u = string.match(v, '^(%d+):([%d.]+)$')
       local slot = first + i - 1
@@ -119,22 +111,26 @@ local function granted(key, from, upto, now, hist, mid)
   return n, m
 end
 
+-- granted returns the units granted a turn at or after from (us), up to
+-- upto (us), and of those the units up to mid (us; upto when nil), or nil
+-- when the ring does not cover from.
+local function granted(key, from, upto, now, hist, mid)
+  local first, last = math.floor(from / ringSlot), math.floor(math.max(now, upto) / ringSlot)
+  if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then
+    return nil
+  end
+  local split = last
+  if mid then split = math.floor(math.max(now, mid) / ringSlot) end
+  return tallied(key, first, last, split)
+end
+
 -- between returns the units granted a turn after from and up to to (us),
 -- or nil when the ring does not cover from.
 local function between(key, from, to, hist)
   local first, last = math.floor(from / ringSlot) + 1, math.floor(to / ringSlot)
   if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then return nil end
   if last < first then return 0 end
-  local fields = {}
-  for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
-  local n = 0
-  for i, v in ipairs(redis.call('HMGET', key, unpack(fields))) do
-    if v then
-      local s, u = string.match(v, '^(%d+):([%d.]+)$')
-      if tonumber(s) == first + i - 1 then n = n + tonumber(u) end
-    end
-  end
-  return n
+  return (tallied(key, first, last, last))
 end
 
 -- resolution returns the resolution a reset of d us was read to, as
