@@ -523,8 +523,6 @@ func waitTimers(t testing.TB, fc *clock.Fake, n int) {
 	spinUntil(t, fmt.Sprintf("%d timers pending", n), func() bool { return fc.Timers() >= n })
 }
 
-// recvWithin receives from ch, or fails the test if nothing comes within a
-// generous real-time bound.
 // waited is what a WaitCost returned.
 type waited struct {
 	g   Grant
@@ -544,6 +542,8 @@ func waitCostAsync(ctx context.Context, l interface {
 	return ch
 }
 
+// recvWithin receives from ch, or fails the test if nothing comes within a
+// generous real-time bound.
 func recvWithin[T any](t testing.TB, ch <-chan T) T {
 	t.Helper()
 	select {
