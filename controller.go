@@ -569,7 +569,11 @@ func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, ra
 // the climb off below the limit on noise, a little lower each time. A
 // count that shows the bucket full (all but one unit left) ends the
 // stretch (a full bucket throws its refill away); a mark older than
-// drainSpan is taken again, so that what it measures is recent. (The
+// drainSpan is taken again, so that what it measures is recent, and so is
+// one the counts rose drainFall or more above (from a mark taken at the
+// bottom of a dip, the fall after it does not show until the counts are
+// back down there: a climb that emptied the bucket again went unmeasured
+// to a refusal, in scenario B' of the fleet benchmark). (The
 // fleet's script counts the turns it granted instead of the successes.)
 type drainMark struct {
 	at  time.Time
@@ -595,7 +599,7 @@ func (m *drainMark) count(now time.Time, q Quota) {
 	switch {
 	case q.HasLimit && q.Limit >= 2 && q.Remaining >= q.Limit-1:
 		*m = drainMark{}
-	case m.at.IsZero() || now.Sub(m.at) >= drainSpan:
+	case m.at.IsZero() || now.Sub(m.at) >= drainSpan || q.Remaining >= m.rem+drainFall:
 		*m = drainMark{at: now, rem: q.Remaining}
 	}
 }

@@ -565,3 +565,97 @@ func TestParseControl(t *testing.T) {
 		})
 	}
 }
+
+// TestLuaDrainMarkMatchesGo: the first count of a bucket's stretch below
+// full, from which its counts measure the refill, is taken alike by the Go
+// controller (drainMark) and the fleet's script (drain's dra and drr): a
+// count that rises by two or more above the mark takes it again (what came
+// before the rise says nothing of the fall after it), one that shows the
+// bucket full drops it, and one two seconds on takes it again.
+func TestLuaDrainMarkMatchesGo(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	type count struct {
+		at  time.Duration
+		rem float64
+	}
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		counts []count
+		want   *count // the mark; nil for none
+	}{
+		{"a rise of 8 takes it again", []count{{0, 0}, {100 * ms, 8}}, &count{100 * ms, 8}},
+		{"a rise of 1 keeps it", []count{{0, 5}, {100 * ms, 6}}, &count{0, 5}},
+		{"a fall keeps it", []count{{0, 5}, {100 * ms, 3}}, &count{0, 5}},
+		{"full drops it", []count{{0, 3}, {100 * ms, 9}}, nil},
+		{"two seconds on", []count{{0, 3}, {2100 * ms, 2}}, &count{2100 * ms, 2}},
+		{"a rise of 2", []count{{0, 3}, {100 * ms, 5}}, &count{100 * ms, 5}},
+		{"a rise after a fall, below the mark", []count{{0, 6}, {100 * ms, 2}, {200 * ms, 5}, {300 * ms, 3}}, &count{0, 6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m drainMark
+			epoch := time.Unix(0, 0)
+			lines := []string{"redis.call('DEL', 'dm')", "local base = now - 5000000"}
+			for _, c := range tc.counts {
+				m.count(epoch.Add(c.at), Quota{Remaining: c.rem, HasRemaining: true, Limit: 10, HasLimit: true})
+				lines = append(lines, fmt.Sprintf("drain('dm', 0, now, base + %d, %g, %g, %g, 1, 10000, 50, 100, 0, 10, 10)",
+					c.at.Microseconds(), c.rem, c.rem, c.rem))
+			}
+			lines = append(lines, "local st = redis.call('HMGET', 'dm', 'dra', 'drr')",
+				"if not st[1] then return {'-1', '-1'} end",
+				"return {string.format('%.0f', tonumber(st[1]) - base), st[2]}")
+			got := evalFloats(t, ctx, run, strings.Join(lines, "\n"))
+			if tc.want == nil {
+				assert.True(t, m.at.IsZero(), "no mark in Go")
+				assert.Equal(t, []float64{-1, -1}, got, "no mark in Lua")
+				return
+			}
+			assert.Equal(t, drainMark{at: epoch.Add(tc.want.at), rem: tc.want.rem}, m, "the Go mark")
+			assert.Equal(t, []float64{float64(tc.want.at.Microseconds()), tc.want.rem}, got, "the Lua mark (us from the first count, remaining)")
+		})
+	}
+}
+
+// TestLuaRingMovesWithTheTurns: the ring of grants moves as a change of the
+// rate moves the turns given (regrant), so that it still counts them when
+// they go out; and a bucket's count leaves the units less the requests in
+// flight when its answer was read, not less the turns given until the
+// report reached the script (report).
+func TestLuaRingMovesWithTheTurns(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	ring := `redis.call('DEL', 'rg')
+local base = math.floor(now / ringSlot) * ringSlot - 1000000
+redis.call('HSET', 'rg', 'hist', string.format('%.0f', base - 100000))
+for i = 0, 9 do grant('rg', base + 5000 + i * ringSlot, 1) end
+local function counts()
+  return string.format('%.0f', between('rg', base - 1, base + 99999, base - 100000)),
+    string.format('%.0f', between('rg', base - 1, base + 199999, base - 100000))
+end
+`
+	// Ten units, one a slot over 100 ms; spread by 2 from the first slot's
+	// start (which does not move): 5 within the first 100 ms, all 10 within
+	// 200 ms. Brought back in by a half: all 10 within 100 ms again.
+	got := evalFloats(t, ctx, run, ring+`local a, b = counts()
+regrant('rg', base, base + 100000, 2)
+local c, d = counts()
+regrant('rg', base, base + 200000, 0.5)
+local e, f = counts()
+return {a, b, c, d, e, f}`)
+	assert.Equal(t, []float64{10, 10, 5, 10, 10, 10}, got, "within 100 and 200 ms: before, spread by 2, brought back")
+
+	// A count of 9 for the request of the first slot: read 2 ms after it
+	// was sent, no other turn was in flight (the ring's slots, 10 ms wide,
+	// count none between the two); read as the script runs, a second
+	// later, the nine turns given since would be.
+	got = evalFloats(t, ctx, run, ring+`local sent = base + 5000
+local k1, l1 = report('rg', now, 9, 1000000, 100000, sent, 0, base + 100000, 2, 1000, sent + 2000)
+local k2, l2 = report('rg', now, 9, 1000000, 100000, sent, 0, base + 100000, 2, 1000, now)
+return {string.format('%.0f', k1), string.format('%.0f', l1), string.format('%.0f', k2), string.format('%.0f', l2)}`)
+	assert.Equal(t, []float64{0, 9, 0, 0}, got, "keep (every turn given, less its own) and left: read at once, read late")
+}

@@ -224,10 +224,10 @@ type shared struct {
 	mu     sync.Mutex
 	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
 	pauses map[string]pauseMark // guarded by mu; pauses heard of, by key id
-	// lowered are the decreases of a key's rate heard of, by key id: the
-	// turns given before one are spread at the new rate (see lowerings).
-	lowered map[string]*lowerings // guarded by mu
-	learnt  keyed[*learntRate]    // guarded by mu; the rates keys were last seen held to, by key id
+	// moved are the changes of a key's rate heard of that move the turns
+	// given before them, by key id (see retimings).
+	moved  keyed[*retimings]  // guarded by mu
+	learnt keyed[*learntRate] // guarded by mu; the rates keys were last seen held to, by key id
 
 	stop chan struct{}
 	done chan struct{}
@@ -243,6 +243,77 @@ type fallbackState struct {
 
 // pauseMark is a pause heard of: until when, and when it was heard.
 type pauseMark struct{ until, heard time.Time }
+
+// retimings are the changes of a key's rate heard of that move the turns
+// the fleet gave before them: a lowering spreads the turns still to come
+// at the new rate, and a raise of a pacer's rate brings them in, as a
+// local LeakyBucket's queue goes at its rate of the moment (see retime in
+// rate.lua). Otherwise the turns given ahead (32 waiters are 0.3 to 0.7 s
+// of them) go at the rate they were given at, and the counts that tell
+// the rate is wrong come that much later. The script numbers the changes
+// and tells each reservation how many its turns were given after: a
+// waiter applies, in order, exactly the later ones (the message of a
+// change and the reply of a reservation come on different connections,
+// in either order), and wakes at each one.
+type retimings struct {
+	ring    [16]retiming
+	n       int           // entries in ring
+	moved   chan struct{} // closed at the next change
+	waiting int           // waiters whose turns are to come
+	last    time.Time     // the last change heard, or waiter arrived
+}
+
+// retiming is one change: a lowering (or, factor below 1, a raise) and
+// the script's number for it.
+type retiming struct {
+	lowering
+	seq uint64
+}
+
+// add records change seq, decided at at, by factor (the old rate over the
+// new), of the turns due after from, and wakes the waiters. A factor of
+// 1, not a number, or beyond a hundred either way moves nothing.
+func (r *retimings) add(at, from time.Time, factor float64, seq uint64) {
+	if !(factor >= 0.01 && factor <= 100) || factor == 1 {
+		return
+	}
+	copy(r.ring[1:], r.ring[:len(r.ring)-1])
+	r.ring[0] = retiming{lowering{at: at, from: maxTime(at, from), factor: factor}, seq}
+	r.n = min(r.n+1, len(r.ring))
+	r.last = at
+	close(r.moved)
+	r.moved = make(chan struct{})
+}
+
+// apply returns when a turn due at due is due once the changes numbered
+// after applied, heard since since (the turn's reservation was sent: a
+// number heard before is another key's life, its state expired and
+// counted again), are applied in order, and the last number applied. (A
+// waiter more than len(ring) changes behind misses the oldest.)
+func (r *retimings) apply(due time.Time, applied uint64, since time.Time) (time.Time, uint64) {
+	for {
+		next := -1
+		for i := range r.n {
+			if e := r.ring[i]; e.seq > applied && !e.at.Before(since) && (next < 0 || e.seq < r.ring[next].seq) {
+				next = i
+			}
+		}
+		if next < 0 {
+			return due, applied
+		}
+		l := r.ring[next]
+		if due.After(l.from) {
+			due = l.from.Add(time.Duration(float64(due.Sub(l.from)) * l.factor))
+		}
+		applied = l.seq
+	}
+}
+
+// atRest reports whether no waiter follows the key's changes and none was
+// heard for a minute: its entry can be dropped.
+func (r *retimings) atRest(now time.Time) bool {
+	return r.waiting == 0 && now.Sub(r.last) > time.Minute
+}
 
 func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts []SharedOption) (*shared, error) {
 	if rdb == nil || isNilPointer(rdb) {
@@ -283,7 +354,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		learnt:          newKeyed[*learntRate](),
 		lanes:           newKeyed[*batchLane](),
 		pauses:          make(map[string]pauseMark),
-		lowered:         make(map[string]*lowerings),
+		moved:           newKeyed[*retimings](),
 		stop:            make(chan struct{}),
 		done:            make(chan struct{}),
 	}
@@ -344,25 +415,13 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		case rep.code == 2:
 			return 0, &LimitError{Key: key, Cost: cost, Reason: ReasonQueueFull, Wait: rep.wait}
 		}
-		// (A decrease heard after the reply came was decided after the
-		// turn was given: the script answers in order.)
-		given := s.clock.Now()
-		if err := sleep(ctx, s.clock, rep.wait); err != nil {
-			return 0, err
-		}
-		// The key's rate was lowered after the turn was given: it goes at
-		// the new rate, as the script moved the turns given after it, if
-		// the caller can wait that long (the turn is lost: the fleet sends
-		// less, never more). A turn given for now is not moved.
-		if due := reservedAt.Add(rep.wait); rep.wait > 0 {
-			for lag := s.lag(id, given, due); lag > 0; lag = s.lag(id, given, due) {
-				now := s.clock.Now()
-				if e := waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, lag); e != nil {
-					return 0, e
-				}
-				if err := sleep(ctx, s.clock, lag); err != nil {
-					return 0, err
-				}
+		// (The wait counts from the reply's arrival, not from reservedAt,
+		// which may be a batch's round trip earlier, nor from now, which
+		// may be a busy process's milliseconds later: turns given after
+		// this one, and moved with it, would go before it.)
+		if rep.wait > 0 {
+			if err := s.awaitTurn(ctx, id, key, cost, rep.at.Add(rep.wait), rep.moves, reservedAt, start, maxWait); err != nil {
+				return 0, err
 			}
 		}
 		if !s.pausedSince(id, reservedAt) {
@@ -391,36 +450,77 @@ func (s *shared) pausedSince(id string, since time.Time) bool {
 	return ok && p.heard.After(since) && p.until.After(s.clock.Now())
 }
 
-// lag returns how much longer a turn of key id given at given, due at due,
-// waits once the decreases heard since are applied.
-func (s *shared) lag(id string, given, due time.Time) time.Duration {
+// awaitTurn sleeps until a turn of key id, due at due, comes, as the
+// changes of the key's rate numbered after moves (the reservation's reply
+// says how many came before it) move it (see retimings). A
+// turn moved later than the caller allows (maxWait since start, and ctx's
+// deadline) is given up with a *LimitError: the fleet sends less, never
+// more. A turn given for now is not moved (the caller does not wait).
+func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due time.Time, moves uint64, reservedAt, start time.Time, maxWait time.Duration) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ls, ok := s.lowered[id]; ok {
-		due = ls.due(given, due)
+	now := s.clock.Now()
+	r, ok := s.moved.get(id, now)
+	if !ok {
+		r = &retimings{moved: make(chan struct{})}
+		s.moved.put(id, r)
 	}
-	return due.Sub(s.clock.Now())
+	r.waiting++
+	r.last = now
+	due, applied := r.apply(due, moves, reservedAt)
+	moved := r.moved
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		r.waiting--
+		s.mu.Unlock()
+	}()
+	given := due
+	for {
+		now := s.clock.Now()
+		left := due.Sub(now)
+		if left <= 0 {
+			return nil
+		}
+		if due.After(given) {
+			if e := waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, left); e != nil {
+				return e
+			}
+		}
+		t := s.clock.NewTimer(left)
+		select {
+		case <-t.C():
+		case <-moved:
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		due, applied = r.apply(due, applied, reservedAt)
+		moved = r.moved
+		s.mu.Unlock()
+	}
 }
 
-// lowerHeard records a decrease of key id's rate by factor, heard at now,
-// that spreads the turns after from.
-// A key whose last decrease is older than a minute is forgotten: a turn
-// waits that long only for a caller that allows it, and then it goes at
-// the old spacing, which the script's bucket kept.
-func (s *shared) lowerHeard(id string, factor float64, now, from time.Time) {
+// retime records change seq of key id's rate by factor (old over new),
+// heard at now, that moves the turns due after from: the waiters' and
+// those the process's own checks count (batchLane). A factor of 1, not a
+// number, or beyond a hundred either way moves nothing.
+func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint64) {
+	if !(factor >= 0.01 && factor <= 100) || factor == 1 {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, ls := range s.lowered {
-		if now.Sub(ls.last()) > time.Minute {
-			delete(s.lowered, k)
-		}
-	}
-	ls, ok := s.lowered[id]
+	r, ok := s.moved.get(id, now)
 	if !ok {
-		ls = &lowerings{}
-		s.lowered[id] = ls
+		r = &retimings{moved: make(chan struct{})}
+		s.moved.put(id, r)
 	}
-	ls.add(now, from, factor)
+	r.add(now, from, factor, seq)
+	if l, ok := s.lanes.m[id]; ok {
+		l.retime(maxTime(now, from), factor, seq)
+	}
 }
 
 // heard records a pause of key id until until, heard at now.
@@ -584,13 +684,15 @@ func (s *shared) hear(payload string) {
 		}
 		return
 	}
-	if f, isLower := strings.CutPrefix(left, "x"); ok && isLower {
-		f, from, _ := strings.Cut(f, " ")
+	if f, isMove := strings.CutPrefix(left, "x"); ok && isMove {
+		f, rest, _ := strings.Cut(f, " ")
+		from, n, _ := strings.Cut(rest, " ")
 		factor, err1 := strconv.ParseFloat(f, 64)
 		us, err2 := strconv.ParseInt(from, 10, 64)
-		if err1 == nil && err2 == nil && us >= 0 && us <= micros(48*time.Hour) {
+		seq, err3 := strconv.ParseUint(n, 10, 64)
+		if err1 == nil && err2 == nil && err3 == nil && us >= 0 && us <= micros(48*time.Hour) {
 			now := s.clock.Now()
-			s.lowerHeard(id, factor, now, now.Add(time.Duration(us)*time.Microsecond))
+			s.retime(id, factor, now, now.Add(time.Duration(us)*time.Microsecond), seq)
 		}
 		return
 	}

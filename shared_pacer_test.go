@@ -47,33 +47,39 @@ func waitAll(t *testing.T, done <-chan error, n int) {
 }
 
 // TestSharedPacerQueueCountsUnits: the shared pacer's queue counts the
-// units waiting, not the time their turns span. Three turns given at 2/s
-// reach 1.5 s ahead; once the key's rate rises to 100/s the queue, 8 deep,
-// still holds five more, and refuses the sixth. Each wait is another
-// instance's, so that each reserves at once (a process keeps its own
-// waiters back until shortly before the last turn it holds).
+// units waiting until their turns come, whatever the rate they were given
+// at. Three turns given at 10/s, 100 to 300 ms ahead, are spread by 4 when
+// the key's rate falls to 2.5/s (an advertised limit): 150 ms on, the
+// first of them, due at 100 ms before, still waits, and the queue, 8 deep,
+// holds five more and refuses the sixth. Each wait is another instance's,
+// so that each reserves at once (a process keeps its own waiters back
+// until shortly before the last turn it holds).
 //
-// (Counted in time at the interval of the turns last given, the queue
-// refused the second request after the rise: its turn was 1.5 s away,
-// more than 8 units at 100/s, while four units waited.)
+// (Had the spread left the queue's members at their old times, the first
+// would have left the count at 100 ms, and the sixth been queued.)
 func TestSharedPacerQueueCountsUnits(t *testing.T) {
 	srv := redistest.Start(t)
 	instance := func() *SharedLeakyBucket {
-		return newSharedLB(t, srv.Client(t), "queue-units", PerSecond(100), 8, WithCommandTimeout(roomyTimeout))
+		return newSharedLB(t, srv.Client(t), "queue-units", PerSecond(10), 8, WithCommandTimeout(roomyTimeout))
 	}
 	l := instance()
 	ctx := context.Background()
-	advertisePerSecond(ctx, l, "k", 2)
-	require.Equal(t, PerSecond(2), l.EffectiveRate("k"))
-	slow := pacerWaits(t, instance, 4) // one goes at once, three queue, 500 ms apart
-	advertisePerSecond(ctx, l, "k", 100)
-	fast := pacerWaits(t, instance, 5) // eight units queued in all
+	t0 := time.Now()
+	first := pacerWaits(t, instance, 4) // one goes at once, three queue, 100 ms apart
+	advertisePerSecond(ctx, l, "k", 2.5)
+	require.Equal(t, PerSecond(2.5), l.EffectiveRate("k"))
+	t.Logf("the four turns given in %v", time.Since(t0))
+	if time.Since(t0) > 90*time.Millisecond {
+		t.Skipf("the turns were given over %v: too slow a machine for the first to be still to come", time.Since(t0))
+	}
+	time.Sleep(time.Until(t0.Add(150 * time.Millisecond)))
+	next := pacerWaits(t, instance, 5) // eight units queued in all
 	_, err := instance().Wait(ctx, "k", 1, 0)
 	var le *LimitError
 	require.ErrorAs(t, err, &le, "the ninth finds eight units queued")
 	assert.Equal(t, ReasonQueueFull, le.Reason)
-	waitAll(t, slow, 4)
-	waitAll(t, fast, 5)
+	waitAll(t, first, 4)
+	waitAll(t, next, 5)
 }
 
 // TestSharedPacerQueueAfterBudgetHold: a spent budget holds the key in the

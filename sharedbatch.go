@@ -29,6 +29,7 @@ type batchLane struct {
 	queue   []*pending    // waiting for a call
 	leading bool          // a lead goroutine is running for the key
 	held    time.Time     // the latest turn this process holds
+	heldAt  uint64        // the changes of the key's rate that had moved the turns when held was given (see retimings)
 	rtt     time.Duration // the last round trip's duration
 	called  time.Time     // when the last call returned
 	turns   []heldTurn    // pacer: the turns this process holds, in order; those past are dropped lazily
@@ -45,8 +46,27 @@ func (l *batchLane) queueFull(now, from time.Time, cost, depth int) bool {
 
 // heldTurn is a turn a pacer's waiter in this process was given.
 type heldTurn struct {
-	at   time.Time
-	cost int
+	at    time.Time
+	cost  int
+	moves uint64 // the changes of the key's rate that had moved the turns when it was given
+}
+
+// retime moves the turns this process holds as change seq of the key's
+// rate moves them, by factor from from (see retimings): those given
+// before it. (Changes heard out of order are applied in the order heard:
+// these are a bound for the process's own calls, which the script checks.)
+// The caller holds mu.
+func (l *batchLane) retime(from time.Time, factor float64, seq uint64) {
+	move := func(at time.Time, moves uint64) time.Time {
+		if moves >= seq || !at.After(from) {
+			return at
+		}
+		return from.Add(time.Duration(float64(at.Sub(from)) * factor))
+	}
+	for i := range l.turns {
+		l.turns[i].at = move(l.turns[i].at, l.turns[i].moves)
+	}
+	l.held = move(l.held, l.heldAt)
 }
 
 // waiting returns the units of this process's waiters whose turns come
@@ -89,9 +109,11 @@ type pending struct {
 
 // reserved is what the script said of one request.
 type reserved struct {
-	code int           // 0 admitted, 1 too long for its max wait, 2 queue full
-	wait time.Duration // from the script's now until the turn
-	err  error
+	code  int           // 0 admitted, 1 too long for its max wait, 2 queue full
+	wait  time.Duration // from the script's now until the turn
+	err   error
+	moves uint64    // the changes of the key's rate that had moved its turns (see retimings)
+	at    time.Time // when the reply came: the turn is wait after, give or take half a round trip
 }
 
 // reserve asks Redis for a turn of cost on key id, within b. A waiter whose
@@ -237,9 +259,11 @@ func (s *shared) lead(id string, l *batchLane) {
 		}
 		for i, r := range results {
 			if r.code == 0 {
-				l.held = maxTime(l.held, now.Add(r.wait))
+				if at := r.at.Add(r.wait); at.After(l.held) {
+					l.held, l.heldAt = at, r.moves
+				}
 				if s.depth >= 0 {
-					l.turns = append(l.turns, heldTurn{at: now.Add(r.wait), cost: batch[i].cost})
+					l.turns = append(l.turns, heldTurn{at: r.at.Add(r.wait), cost: batch[i].cost, moves: r.moves})
 				}
 			}
 		}
@@ -258,7 +282,7 @@ func (s *shared) lead(id string, l *batchLane) {
 // returns each request's result and the key's hold left, as the script
 // saw it.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Duration, error) {
-	args := make([]any, 0, 17+2*len(batch))
+	args := make([]any, 0, 18+2*len(batch))
 	args = append(args, s.rate.PerSecond(), s.usable, s.depth)
 	args = s.learnArgs(args)
 	now := s.clock.Now()
@@ -269,7 +293,11 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 	}
 	s.mu.Unlock()
 	args = append(args, budgetArgs(rep, now)...)
-	args = append(args, micros(probeHold), s.channel(), id)
+	read := int64(-1)
+	if rep != nil {
+		read = max(micros(now.Sub(rep.read)), 0)
+	}
+	args = append(args, micros(probeHold), s.channel(), id, read)
 	for _, p := range batch {
 		maxWait := int64(-1) // none
 		if !p.limit.IsZero() {
@@ -291,6 +319,10 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 	if err != nil {
 		return nil, 0, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
+	replied := s.clock.Now()
+	for i := range results {
+		results[i].at = replied
+	}
 	s.seen(id, rate)
 	paused := pauseOf(reply)
 	if paused > 0 {
@@ -305,25 +337,30 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 }
 
 // parseReserve checks and reads the script's reply: the pause left, the
-// key's rate in units per second (a string), then a (code, wait) pair a
-// request. A malformed reply is an error, never a panic.
+// key's rate in units per second (a string), how many changes of the rate
+// had moved its turns (see retimings), then a (code, wait) pair a request.
+// A malformed reply is an error, never a panic.
 func parseReserve(reply any, n int) ([]reserved, float64, error) {
 	vals, ok := reply.([]any)
-	if !ok || len(vals) != 2+2*n {
-		return nil, 0, fmt.Errorf("malformed reply %v: want %d values", reply, 2+2*n)
+	if !ok || len(vals) != 3+2*n {
+		return nil, 0, fmt.Errorf("malformed reply %v: want %d values", reply, 3+2*n)
 	}
 	rate, ok := parseRate(vals[1])
 	if !ok {
 		return nil, 0, fmt.Errorf("malformed reply %v: rate", reply)
 	}
+	moves, ok := vals[2].(int64)
+	if !ok || moves < 0 {
+		return nil, 0, fmt.Errorf("malformed reply %v: moves", reply)
+	}
 	out := make([]reserved, n)
 	for i := range out {
-		code, ok1 := vals[2+2*i].(int64)
-		wait, ok2 := vals[3+2*i].(int64)
+		code, ok1 := vals[3+2*i].(int64)
+		wait, ok2 := vals[4+2*i].(int64)
 		if !ok1 || !ok2 || code < 0 || code > 2 || wait < 0 {
 			return nil, 0, fmt.Errorf("malformed reply %v at request %d", reply, i)
 		}
-		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond}
+		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond, moves: uint64(moves)}
 	}
 	return out, rate, nil
 }

@@ -186,32 +186,35 @@ func TestParseReserve(t *testing.T) {
 		want  []reserved
 		isErr bool
 	}{
-		{"one admitted", []any{int64(0), "50", int64(0), int64(1500)}, 1, []reserved{{code: 0, wait: 1500 * time.Microsecond}}, false},
-		{"three", []any{int64(10), "50", int64(0), int64(0), int64(1), int64(7), int64(2), int64(9)}, 3,
-			[]reserved{{0, 0, nil}, {1, 7 * time.Microsecond, nil}, {2, 9 * time.Microsecond, nil}}, false},
-		{"empty batch", []any{int64(0), "50"}, 0, []reserved{}, false},
+		{"one admitted", []any{int64(0), "50", int64(0), int64(0), int64(1500)}, 1, []reserved{{code: 0, wait: 1500 * time.Microsecond}}, false},
+		{"three", []any{int64(10), "50", int64(0), int64(0), int64(0), int64(1), int64(7), int64(2), int64(9)}, 3,
+			[]reserved{{code: 0}, {code: 1, wait: 7 * time.Microsecond}, {code: 2, wait: 9 * time.Microsecond}}, false},
+		{"empty batch", []any{int64(0), "50", int64(0)}, 0, []reserved{}, false},
 		{"nil", nil, 1, nil, true},
 		{"not an array", "OK", 1, nil, true},
 		{"an integer", int64(3), 1, nil, true},
 		{"empty array", []any{}, 1, nil, true},
-		{"too short", []any{int64(0), "50", int64(0)}, 1, nil, true},
-		{"too long", []any{int64(0), "50", int64(0), int64(0), int64(0)}, 1, nil, true},
-		{"short for the batch", []any{int64(0), "50", int64(0), int64(0)}, 2, nil, true},
-		{"code as string", []any{int64(0), "50", "0", int64(0)}, 1, nil, true},
-		{"wait as string", []any{int64(0), "50", int64(0), "12"}, 1, nil, true},
-		{"wait as float", []any{int64(0), "50", int64(0), 1.5}, 1, nil, true},
-		{"nil element", []any{int64(0), "50", nil, int64(0)}, 1, nil, true},
-		{"nested array", []any{int64(0), "50", []any{int64(0), "50"}, int64(0)}, 1, nil, true},
-		{"negative wait", []any{int64(0), "50", int64(0), int64(-1)}, 1, nil, true},
-		{"code 3", []any{int64(0), "50", int64(3), int64(0)}, 1, nil, true},
-		{"code -1", []any{int64(0), "50", int64(-1), int64(0)}, 1, nil, true},
-		{"bad second request", []any{int64(0), "50", int64(0), int64(0), int64(3), int64(0)}, 2, nil, true},
+		{"too short", []any{int64(0), "50", int64(0), int64(0)}, 1, nil, true},
+		{"too long", []any{int64(0), "50", int64(0), int64(0), int64(0), int64(0)}, 1, nil, true},
+		{"short for the batch", []any{int64(0), "50", int64(0), int64(0), int64(0)}, 2, nil, true},
+		{"code as string", []any{int64(0), "50", int64(0), "0", int64(0)}, 1, nil, true},
+		{"wait as string", []any{int64(0), "50", int64(0), int64(0), "12"}, 1, nil, true},
+		{"wait as float", []any{int64(0), "50", int64(0), int64(0), 1.5}, 1, nil, true},
+		{"nil element", []any{int64(0), "50", int64(0), nil, int64(0)}, 1, nil, true},
+		{"nested array", []any{int64(0), "50", int64(0), []any{int64(0), "50", int64(0)}, int64(0)}, 1, nil, true},
+		{"negative wait", []any{int64(0), "50", int64(0), int64(0), int64(-1)}, 1, nil, true},
+		{"code 3", []any{int64(0), "50", int64(0), int64(3), int64(0)}, 1, nil, true},
+		{"code -1", []any{int64(0), "50", int64(0), int64(-1), int64(0)}, 1, nil, true},
+		{"bad second request", []any{int64(0), "50", int64(0), int64(0), int64(0), int64(3), int64(0)}, 2, nil, true},
+		{"moves", []any{int64(0), "50", int64(4), int64(0), int64(1500)}, 1, []reserved{{code: 0, wait: 1500 * time.Microsecond, moves: 4}}, false},
+		{"moves negative", []any{int64(0), "50", int64(-1), int64(0), int64(0)}, 1, nil, true},
+		{"moves as string", []any{int64(0), "50", "4", int64(0), int64(0)}, 1, nil, true},
 		{"an error value", errors.New("ERR boom"), 1, nil, true},
 		{"no rate", []any{int64(0)}, 0, nil, true},
-		{"zero rate", []any{int64(0), "0", int64(0), int64(0)}, 1, nil, true},
-		{"rate as integer", []any{int64(0), int64(50), int64(0), int64(0)}, 1, nil, true},
-		{"rate not a number", []any{int64(0), "fast", int64(0), int64(0)}, 1, nil, true},
-		{"rate infinite", []any{int64(0), "inf", int64(0), int64(0)}, 1, nil, true},
+		{"zero rate", []any{int64(0), "0", int64(0), int64(0), int64(0)}, 1, nil, true},
+		{"rate as integer", []any{int64(0), int64(50), int64(0), int64(0), int64(0)}, 1, nil, true},
+		{"rate not a number", []any{int64(0), "fast", int64(0), int64(0), int64(0)}, 1, nil, true},
+		{"rate infinite", []any{int64(0), "inf", int64(0), int64(0), int64(0)}, 1, nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -229,4 +232,26 @@ func TestParseReserve(t *testing.T) {
 			assert.Equal(t, 50.0, rate, "the key's rate, sent as a string at full precision")
 		})
 	}
+}
+
+// TestBatchLaneFollowsRetimes: the turns a process holds, which its own
+// checks count (queue full, too long a wait), move with the changes of the
+// key's rate made after they were given, as its waiters' do.
+func TestBatchLaneFollowsRetimes(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
+	l := &batchLane{
+		turns:  []heldTurn{{at: t0.Add(100 * ms), cost: 1}, {at: t0.Add(200 * ms), cost: 1}, {at: t0.Add(300 * ms), cost: 1, moves: 3}},
+		held:   t0.Add(300 * ms),
+		heldAt: 3,
+	}
+	l.retime(t0, 0.5, 3) // a raise the last turn was given after
+	assert.Equal(t, []time.Time{t0.Add(50 * ms), t0.Add(100 * ms), t0.Add(300 * ms)},
+		[]time.Time{l.turns[0].at, l.turns[1].at, l.turns[2].at}, "the turns given before it, brought in by 2")
+	assert.Equal(t, t0.Add(300*ms), l.held, "the last, given after it, stays")
+	l.retime(t0.Add(100*ms), 2, 4) // a lowering, from 100 ms on
+	assert.Equal(t, []time.Time{t0.Add(50 * ms), t0.Add(100 * ms), t0.Add(500 * ms)},
+		[]time.Time{l.turns[0].at, l.turns[1].at, l.turns[2].at}, "spread by 2 after 100 ms")
+	assert.Equal(t, t0.Add(500*ms), l.held)
+	assert.Equal(t, 1, l.waiting(t0.Add(60*ms), t0.Add(100*ms)), "one unit after 100 ms, the first turn past")
 }

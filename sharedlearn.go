@@ -325,7 +325,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	var reply []any
 	err = s.do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = s.controlScript.Run(ctx, s.rdb, []string{keys[2], keys[1], keys[0]}, args...).Slice()
+		reply, err = s.controlScript.Run(ctx, s.rdb, []string{keys[2], keys[1], keys[0], keys[3]}, args...).Slice()
 		return err
 	})
 	if err != nil {

@@ -430,10 +430,11 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 		drainTo(bk.lim, bk.inOrder(s.Now), d.keep)
 	}
 	if d.Why == "throttled" {
-		// Turns reserved before the decrease go out at the old rate: the
-		// throttles they meet belong to this episode too.
+		// The throttles that the turns reserved before the decrease meet
+		// belong to this episode too, until the last of them, spread at
+		// the new rate (below).
 		now := bk.inOrder(s.Now)
-		if backlog := -bk.lim.TokensAt(now) / d.Old.PerSecond(); backlog > 0 {
+		if backlog := -bk.lim.TokensAt(now) / d.New.PerSecond(); backlog > 0 {
 			bk.ctl.decreased = maxTime(bk.ctl.decreased, now.Add(time.Duration(backlog*float64(time.Second))))
 		}
 	}

@@ -5,6 +5,7 @@
 -- KEYS[1]  the key's learnt state (see rate.lua)
 -- KEYS[2]  the key's hold: no admission before this server time (us)
 -- KEYS[3]  the key's bucket (its tat, see reserve.lua)
+-- KEYS[4]  the pacer's queue (see reserve.lua)
 -- ARGV[1]  the configured rate, units per second
 -- ARGV[2], ARGV[3], ARGV[4], ARGV[5]  discovery: on (1) or off (0), C,
 --          floor, beta
@@ -133,6 +134,7 @@ if adv > 0 then
 end
 
 local held = 0
+local decreased = false
 if exhausted and throttled then
   if sent >= 0 then refused(KEYS[1], sent) else refused(KEYS[1], now) end
 end
@@ -215,34 +217,30 @@ if exhausted then
         wmax = math.max(0.97 * old, w0)
       end
     end
-    -- Turns reserved before the decrease go out at the old rate: the
-    -- throttles they meet belong to this episode too.
+    -- The throttles that the turns given before the decrease meet belong
+    -- to this episode too (until the last of them, as spread below).
     local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
     local last = tat - math.max(burst, 1) * rateUnit
     redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', math.max(w0, floor)),
       'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
+    decreased = true
   end
 end
 redis.call('HSET', KEYS[1], 'shape', shape)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, discover, c, floor)
-if burst > 0 and new > 0 and new < old then
-  -- A decrease spreads the turns given before it at the new rate: the
-  -- bucket's last turn moves out by old/new from the end of the key's
-  -- hold, or from now without one (the turns inside a hold are taken
-  -- again after it; the turns given after the decrease queue behind the
-  -- last one), and every instance is told on the channel, "<id>
-  -- x<old/new> <us until the spread starts>", so that its waiters take
-  -- their turns as spread (controller.go's lowerings). A pacer's turns
-  -- are members of its queue: it keeps them.
+if new < old or (new > old and burst == 0) then
+  -- The turns given before a change move (see retime in rate.lua), a token
+  -- bucket's on a lowering only. The throttles met by turns spread belong
+  -- to this episode: a decrease dates itself from the last of them.
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   local from = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') or 0)
-  local last = tat - burst * 1000000 / old
-  if last > from then
-    local moved = from + (last - from) * old / new + burst * 1000000 / new
-    redis.call('SET', KEYS[3], string.format('%.3f', moved), 'PX', math.ceil((moved - now) / 1000) + 1)
-    redis.call('PUBLISH', ARGV[18], ARGV[19] .. ' x' .. string.format('%.17g', old / new) .. ' ' ..
-      string.format('%.0f', from - now))
+  local queue = nil
+  if burst == 0 then queue = KEYS[4] end
+  local moved, last = retime(KEYS[1], tat, from, old, new, burst, now, ARGV[18], ARGV[19], queue)
+  if moved ~= tat then
+    redis.call('SET', KEYS[3], string.format('%.3f', moved), 'PX', math.max(math.ceil((moved - now) / 1000) + 1, 1))
+    if decreased and last > now then redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', last)) end
   end
 end
 local stormy = 0

@@ -16,6 +16,8 @@
 --               then (see drain)
 --   dra, drr    the first count of a bucket's stretch below full: when
 --               (us), and its remaining (see drain)
+--   rts         how many changes of the rate have moved the turns given
+--               (see retime)
 -- The rate is min(configured, advertised, the CUBIC climb since the last
 -- decrease, never below floor): a function of the state and the time, so
 -- successes need no write. The climb's constant c is relative to wmax.
@@ -133,6 +135,30 @@ local function between(key, from, to, hist)
   return (tallied(key, first, last, last))
 end
 
+-- regrant moves key's ring of grants as a change of the rate moves the
+-- turns due after from (see retime): by f from from, slot by slot, up to
+-- upto (us, the last turn given), so that the ring still counts the turns
+-- when they go out.
+local function regrant(key, from, upto, f)
+  local first, last = math.floor(from / ringSlot) + 1, math.floor(upto / ringSlot)
+  if last < first then return end
+  last = math.min(last, first + ringSize - 1)
+  local fields = {}
+  for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
+  local moved = {}
+  for i, v in ipairs(redis.call('HMGET', key, unpack(fields))) do
+    if v then
+      local s, u = string.match(v, '^(%d+):([%d.]+)$')
+      local slot = first + i - 1
+      if tonumber(s) == slot then
+        moved[#moved + 1] = {from + ((slot + 0.5) * ringSlot - from) * f, tonumber(u)}
+        redis.call('HDEL', key, fields[i])
+      end
+    end
+  end
+  for _, m in ipairs(moved) do tally(key, 'g', ringSlot, ringSize, m[1], m[2]) end
+end
+
 -- resolution returns the resolution a reset of d us was read to, as
 -- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
 -- whole seconds (and anything else).
@@ -167,13 +193,14 @@ end
 -- send time (us; -1 unknown), inflight the fallback estimate of the
 -- fleet's requests in flight, tat the bucket's, kind what the reset
 -- means as the provider's dialect says (0 when it does not), res the
--- resolution the reset was read to (us; see resolution). A bucket has
+-- resolution the reset was read to (us; see resolution), read when the
+-- response was read (us; now when nil). A bucket has
 -- no budget: for one, report returns the units its count leaves the fleet
 -- once every turn given is spent (its remaining less the fleet's requests
 -- it has not counted yet, and the turns still to come; below 0 when they
 -- are more) and what it leaves now (less the requests sent, not the turns
 -- to come), else nil: see drain.
-local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res)
+local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res, read)
   local st = redis.call('HMGET', key, 'shape', 'hist')
   if kind > 0 then
     redis.call('HSET', key, 'shape', kind)
@@ -214,7 +241,16 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res
     -- costs a refusal that holds one unit, not a window's rest (two slots
     -- early held the fleet's bucket a unit or two behind the provider's
     -- at 100/s: 2 points of the storm scenario's successes).
-    local all, come = owed(tat, 0, now)
+    -- What it leaves: less the requests in flight when its answer was
+    -- read, as the Go controller counts them (the turns given since then,
+    -- until the report reached the script, were sent while the provider
+    -- refilled: counting them took a bucket with room for one without, 0.1
+    -- to 0.2 s of turns at the rate); by whole slots between the two, as
+    -- the slots they fall in hold turns sent before and after them (at 2 ms
+    -- from send to answer, one slot each: a unit too many as often as not).
+    local all = owed(tat, 0, now)
+    local come = inflight
+    if sent >= 0 then come = between(key, sent, math.min(read or now, now) - ringSlot, hist) or inflight end
     return rem - all, rem - come
   end
   -- (a window's: the turns given up to the reset, those after it spend
@@ -249,7 +285,8 @@ end
 -- accepted: while the key's rate climbs back after a decrease, a count
 -- with nothing left levels the climb off at the rate the counts show the
 -- bucket refills at (dra and drr: the first count of a stretch below full,
--- by its request's send time, see drainMark; the turns granted since, less
+-- by its request's send time, taken again two seconds on or when a count
+-- rises two or more above it, see drainMark; the turns granted since, less
 -- what the count fell, plus one, over the time), else at the rate of the
 -- last count that showed room, within 2 s, when lower (and at least half
 -- the rate); counts that fell by 2 or more with room left level it off at
@@ -292,7 +329,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
       'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
   elseif lim and lim >= 2 and rem >= lim - 1 then
     redis.call('HDEL', key, 'dra', 'drr')
-  elseif not dra or at - dra >= 2000000 then
+  elseif not dra or at - dra >= 2000000 or rem >= drr + 2 then
     redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
   end
   if left > 0 and lim and lim >= 2 and left >= lim - 1 then
@@ -303,6 +340,46 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     redis.call('HSET', key, 'room', string.format('%.0f', now), 'roomr', string.format('%.17g', rate))
   end
   return math.max(tat, now + (b - keep) * interval)
+end
+
+-- retime applies a change of the key's rate from old to new to the turns
+-- given before it (controller.go's lowerings, shared.go's retimings): the
+-- bucket's last turn (tat less burst units at the old rate; tat itself for
+-- a pacer, burst 0) moves by old/new from from (the end of the key's hold,
+-- or now: the turns inside a hold are taken again after it), with a
+-- pacer's queue (queue: its sorted set of turns, see reserve.lua; nil for
+-- a token bucket), so that its units count as waiting until their turns
+-- come, and the ring of grants in state (see regrant). Every instance is
+-- told on channel, "<id> x<old/new> <us until it starts> <seq>", so that
+-- its waiters take their turns as moved: seq numbers the key's changes
+-- (rts in state), and a reservation's reply says how many came before its
+-- turns, so that a waiter applies exactly the later ones, whichever of
+-- the reply and the message comes first.
+-- A lowering spreads the turns: otherwise those given at the old rate (32
+-- waiters are 0.3 to 0.7 s of them) go out at it, and meet a refusal of
+-- their own. A raise brings a pacer's in (the caller's choice: a token
+-- bucket's queue keeps its turns, as a local TokenBucket's does), so that
+-- its queue goes at its rate of the moment, as a local LeakyBucket's does;
+-- otherwise a climb's counts tell of a rate 0.3 to 0.7 s old, and it
+-- climbs that much past the limit before they show it.
+-- It returns the new tat (the turns given after the change queue behind
+-- the last one) and the time of that last turn, moved.
+local function retime(state, tat, from, old, new, burst, now, channel, id, queue)
+  local last = tat - burst * 1000000 / old
+  if not (new > 0 and old > 0 and new ~= old) or last <= from then return tat, last end
+  local f = old / new
+  local moved = from + (last - from) * f
+  regrant(state, from, tat, f)
+  if queue then
+    local turns = redis.call('ZRANGEBYSCORE', queue, '(' .. string.format('%.3f', from), '+inf', 'WITHSCORES')
+    for i = 1, #turns, 2 do
+      redis.call('ZADD', queue, string.format('%.3f', from + (tonumber(turns[i + 1]) - from) * f), turns[i])
+    end
+  end
+  local seq = redis.call('HINCRBY', state, 'rts', 1)
+  redis.call('PUBLISH', channel, id .. ' x' .. string.format('%.17g', f) .. ' ' .. string.format('%.0f', from - now) ..
+    ' ' .. seq)
+  return moved + burst * 1000000 / new, moved
 end
 
 -- spend takes cost units of key's budget for a turn at at (us), at now:

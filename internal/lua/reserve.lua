@@ -29,13 +29,17 @@
 -- ARGV[13], ARGV[14]  its limit (-1 when it states none), and the
 --          resolution its reset was read to (us; see resolution)
 -- ARGV[15] how long a spent budget holds a key of unknown shape (us)
--- ARGV[16], ARGV[17]  the channel on which holds are told, and the key's
---          id (unused: a spent budget's hold is not told, see below)
--- ARGV[18], ARGV[19], ...  pairs of (cost, max wait in us; -1 for none),
+-- ARGV[16], ARGV[17]  the channel on which holds and lowerings are told,
+--          and the key's id (a spent budget's hold is not told, see below;
+--          a change that moves the turns given is, see retime in rate.lua)
+-- ARGV[18] how long ago the report's response was read (us; -1 for none)
+-- ARGV[19], ARGV[20], ...  pairs of (cost, max wait in us; -1 for none),
 --          one pair a request, served in order
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
--- in units per second (a string, at full precision), then a pair a request: (code, wait in
+-- in units per second (a string, at full precision), how many changes of
+-- the rate have moved the turns given (see retime in rate.lua: the turns
+-- given now move with the later ones only), then a pair a request: (code, wait in
 -- us), code 0 = admitted after wait, 1 = refused because wait exceeds its
 -- max wait, 2 = refused because the queue is full. A refused request takes
 -- nothing.
@@ -68,19 +72,32 @@ local reported = tonumber(ARGV[7]) >= 0
 if reported then
   local sent = -1
   if tonumber(ARGV[10]) >= 0 then sent = now - tonumber(ARGV[10]) end
+  local read = now
+  if tonumber(ARGV[18]) >= 0 then read = now - tonumber(ARGV[18]) end
   local keep, left = report(KEYS[3], now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), sent,
-    tonumber(ARGV[11]), tat, tonumber(ARGV[12]), tonumber(ARGV[14]))
+    tonumber(ARGV[11]), tat, tonumber(ARGV[12]), tonumber(ARGV[14]), read)
   if keep then
     -- A bucket's count: the fleet's bucket holds no more than it leaves.
-    local drained = drain(KEYS[3], tat, now, sent, keep, left, tonumber(ARGV[7]), math.max(burst, 1), interval, rate,
-      tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[13]))
+    local drained = drain(KEYS[3], tat, now, sent, keep, left, tonumber(ARGV[7]), math.max(burst, 1),
+      interval, rate, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[13]))
     if drained > tat then tat, changed = drained, true end
+    -- The climb levelled off below the key's rate, or a count with room
+    -- sped it up: the turns given before move (see retime in rate.lua), a
+    -- token bucket's on a lowering only, and this batch's turns are given
+    -- at the new rate.
+    local moved = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+    if moved < rate or (moved > rate and burst == 0) then
+      local queue = nil
+      if depth >= 0 then queue = KEYS[4] end
+      tat = retime(KEYS[3], tat, start, rate, moved, burst, now, ARGV[16], ARGV[17], queue)
+      rate, interval, changed = moved, 1000000 / moved, true
+    end
   end
 end
 local recorded = false
 local probe = tonumber(ARGV[15])
-local out = {0, string.format('%.17g', rate)}
-for i = 18, #ARGV, 2 do
+local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
+for i = 19, #ARGV, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst
