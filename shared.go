@@ -246,9 +246,8 @@ type pauseMark struct{ until, heard time.Time }
 
 // retimings are the changes of a key's rate heard of that move the turns
 // the fleet gave before them: a lowering spreads the turns still to come
-// at the new rate, and a raise of a pacer's rate brings them in, as a
-// local LeakyBucket's queue goes at its rate of the moment (see retime in
-// rate.lua). Otherwise the turns given ahead (32 waiters are 0.3 to 0.7 s
+// at the new rate, and a raise brings them in, as a local LeakyBucket's
+// queue goes at its rate of the moment (see retime in rate.lua). Otherwise the turns given ahead (32 waiters are 0.3 to 0.7 s
 // of them) go at the rate they were given at, and the counts that tell
 // the rate is wrong come that much later. The script numbers the changes
 // and tells each reservation how many its turns were given after: a

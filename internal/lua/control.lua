@@ -229,10 +229,10 @@ end
 redis.call('HSET', KEYS[1], 'shape', shape)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, discover, c, floor)
-if new < old or (new > old and burst == 0) then
-  -- The turns given before a change move (see retime in rate.lua), a token
-  -- bucket's on a lowering only. The throttles met by turns spread belong
-  -- to this episode: a decrease dates itself from the last of them.
+if new ~= old then
+  -- The turns given before a change move (see retime in rate.lua). The
+  -- throttles met by turns spread belong to this episode: a decrease
+  -- dates itself from the last of them.
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   local from = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') or 0)
   local queue = nil

@@ -357,11 +357,11 @@ end
 -- the reply and the message comes first.
 -- A lowering spreads the turns: otherwise those given at the old rate (32
 -- waiters are 0.3 to 0.7 s of them) go out at it, and meet a refusal of
--- their own. A raise brings a pacer's in (the caller's choice: a token
--- bucket's queue keeps its turns, as a local TokenBucket's does), so that
--- its queue goes at its rate of the moment, as a local LeakyBucket's does;
--- otherwise a climb's counts tell of a rate 0.3 to 0.7 s old, and it
--- climbs that much past the limit before they show it.
+-- their own. A raise brings them in, so that the queue goes at the rate
+-- of the moment, as a local LeakyBucket's does; otherwise a climb's counts
+-- tell of a rate 0.3 to 0.7 s old, and it climbs that much past the limit
+-- before they show it (a cluster of refusals 0.1 s apart, in scenario B
+-- of the fleet benchmark).
 -- It returns the new tat (the turns given after the change queue behind
 -- the last one) and the time of that last turn, moved.
 local function retime(state, tat, from, old, new, burst, now, channel, id, queue)

@@ -82,11 +82,10 @@ if reported then
       interval, rate, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[13]))
     if drained > tat then tat, changed = drained, true end
     -- The climb levelled off below the key's rate, or a count with room
-    -- sped it up: the turns given before move (see retime in rate.lua), a
-    -- token bucket's on a lowering only, and this batch's turns are given
-    -- at the new rate.
+    -- sped it up: the turns given before move (see retime in rate.lua),
+    -- and this batch's turns are given at the new rate.
     local moved = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
-    if moved < rate or (moved > rate and burst == 0) then
+    if moved ~= rate then
       local queue = nil
       if depth >= 0 then queue = KEYS[4] end
       tat = retime(KEYS[3], tat, start, rate, moved, burst, now, ARGV[16], ARGV[17], queue)
