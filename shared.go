@@ -247,13 +247,14 @@ type pauseMark struct{ until, heard time.Time }
 // retimings are the changes of a key's rate heard of that move the turns
 // the fleet gave before them: a lowering spreads the turns still to come
 // at the new rate, and a raise brings them in, as a local LeakyBucket's
-// queue goes at its rate of the moment (see retime in rate.lua). Otherwise the turns given ahead (32 waiters are 0.3 to 0.7 s
-// of them) go at the rate they were given at, and the counts that tell
-// the rate is wrong come that much later. The script numbers the changes
-// and tells each reservation how many its turns were given after: a
-// waiter applies, in order, exactly the later ones (the message of a
-// change and the reply of a reservation come on different connections,
-// in either order), and wakes at each one.
+// queue goes at its rate of the moment (see retime in rate.lua).
+// Otherwise the turns given ahead (32 waiters are 0.3 to 0.7 s of them)
+// go at the rate they were given at, and the counts that tell the rate is
+// wrong come that much later. The script numbers the changes and tells
+// each reservation how many its turns were given after: a waiter applies,
+// in order, exactly the later ones (the message of a change and the reply
+// of a reservation come on different connections, in either order), and
+// wakes at each one.
 type retimings struct {
 	ring    [16]retiming
 	n       int           // entries in ring
@@ -269,11 +270,25 @@ type retiming struct {
 	seq uint64
 }
 
+// movesTurns reports whether a change of the rate by factor (the old rate
+// over the new) moves the turns: a positive finite number other than 1.
+func movesTurns(factor float64) bool { return factor > 0 && factor != 1 && !math.IsInf(factor, 0) }
+
+// scaled returns d times factor, at most a year: a hostile factor never
+// overflows a time.
+func scaled(d time.Duration, factor float64) time.Duration {
+	const most = 365 * 24 * time.Hour
+	if x := float64(d) * factor; x < float64(most) {
+		return time.Duration(x)
+	}
+	return most
+}
+
 // add records change seq, decided at at, by factor (the old rate over the
-// new), of the turns due after from, and wakes the waiters. A factor of
-// 1, not a number, or beyond a hundred either way moves nothing.
+// new), of the turns due after from, and wakes the waiters. A factor that
+// moves nothing (movesTurns) is not recorded.
 func (r *retimings) add(at, from time.Time, factor float64, seq uint64) {
-	if !(factor >= 0.01 && factor <= 100) || factor == 1 {
+	if !movesTurns(factor) {
 		return
 	}
 	copy(r.ring[1:], r.ring[:len(r.ring)-1])
@@ -302,7 +317,7 @@ func (r *retimings) apply(due time.Time, applied uint64, since time.Time) (time.
 		}
 		l := r.ring[next]
 		if due.After(l.from) {
-			due = l.from.Add(time.Duration(float64(due.Sub(l.from)) * l.factor))
+			due = l.from.Add(scaled(due.Sub(l.from), l.factor))
 		}
 		applied = l.seq
 	}
@@ -451,11 +466,12 @@ func (s *shared) pausedSince(id string, since time.Time) bool {
 
 // awaitTurn sleeps until a turn of key id, due at due, comes, as the
 // changes of the key's rate numbered after moves (the reservation's reply
-// says how many came before it) move it (see retimings). A
-// turn moved later than the caller allows (maxWait since start, and ctx's
-// deadline) is given up with a *LimitError: the fleet sends less, never
-// more. A turn given for now is not moved (the caller does not wait).
+// says how many came before it) move it (see retimings). A turn moved
+// later than the caller allows (maxWait since start, and ctx's deadline)
+// is given up with a *LimitError: the fleet sends less, never more. A turn
+// given for now is not moved (the caller does not wait).
 func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due time.Time, moves uint64, reservedAt, start time.Time, maxWait time.Duration) error {
+	given := due
 	s.mu.Lock()
 	now := s.clock.Now()
 	r, ok := s.moved.get(id, now)
@@ -473,7 +489,6 @@ func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due ti
 		r.waiting--
 		s.mu.Unlock()
 	}()
-	given := due
 	for {
 		now := s.clock.Now()
 		left := due.Sub(now)
@@ -503,10 +518,9 @@ func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due ti
 
 // retime records change seq of key id's rate by factor (old over new),
 // heard at now, that moves the turns due after from: the waiters' and
-// those the process's own checks count (batchLane). A factor of 1, not a
-// number, or beyond a hundred either way moves nothing.
+// those the process's own checks count (batchLane).
 func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint64) {
-	if !(factor >= 0.01 && factor <= 100) || factor == 1 {
+	if !movesTurns(factor) {
 		return
 	}
 	s.mu.Lock()

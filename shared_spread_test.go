@@ -171,7 +171,7 @@ func TestSharedHearsMoves(t *testing.T) {
 		d, _ := r.apply(due, applied, since)
 		return d.Sub(since)
 	}
-	for _, p := range []string{"k x", "k x2", "k x2 0", "k xNaN 0 1", "k x0 0 1", "k x-2 0 1", "k x+Inf 0 1", "k x1000 0 1",
+	for _, p := range []string{"k x", "k x2", "k x2 0", "k xNaN 0 1", "k x0 0 1", "k x-2 0 1", "k x+Inf 0 1", "k x1e400 0 1",
 		"k x2 -1 1", "k x2 9223372036854775807 1", "k x2 0 -1", "k x2 0 one", "k", "k y2 0 1", "x2 0 1"} {
 		s.hear(p)
 	}
@@ -224,6 +224,9 @@ func TestRetimingsApply(t *testing.T) {
 	r.add(t0, t0, math.NaN(), 41)
 	_, applied = r.apply(due, 31, t0)
 	assert.Equal(t, uint64(31), applied, "a factor of 1 or not a number is no change")
+	r.add(t0, t0, 1e300, 42)
+	got, _ = r.apply(due, 41, t0)
+	assert.Equal(t, t0.Add(365*24*time.Hour), got, "a hostile factor moves a turn a year at most")
 }
 
 // TestSharedFleetEstimate: the fleet's refusals, counted in Redis, with the

@@ -61,7 +61,7 @@ func (l *batchLane) retime(from time.Time, factor float64, seq uint64) {
 		if moves >= seq || !at.After(from) {
 			return at
 		}
-		return from.Add(time.Duration(float64(at.Sub(from)) * factor))
+		return from.Add(scaled(at.Sub(from), factor))
 	}
 	for i := range l.turns {
 		l.turns[i].at = move(l.turns[i].at, l.turns[i].moves)
