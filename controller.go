@@ -804,10 +804,31 @@ type lowerings [4]lowering
 
 // lowering is a decrease of a key's rate decided at at, by factor (old over
 // new), that spreads the turns after from (the end of the key's hold, or
-// at: the turns inside a hold are taken again after it).
+// at: the turns inside a hold are taken again after it). The fleet's
+// changes are lowerings too, and its raises, factor below 1, bring the
+// turns in (see retimings).
 type lowering struct {
 	at, from time.Time
 	factor   float64
+}
+
+// move returns when a turn due at due is due once l is applied: moved by
+// l.factor from l.from when it is due after it.
+func (l lowering) move(due time.Time) time.Time {
+	if !due.After(l.from) {
+		return due
+	}
+	return l.from.Add(scaled(due.Sub(l.from), l.factor))
+}
+
+// scaled returns d times factor, at most a year: a hostile factor never
+// overflows a time.
+func scaled(d time.Duration, factor float64) time.Duration {
+	const most = 365 * 24 * time.Hour
+	if x := float64(d) * factor; x < float64(most) {
+		return time.Duration(x)
+	}
+	return most
 }
 
 // add records a decrease decided at at that spreads the turns after from
@@ -828,8 +849,8 @@ func (ls *lowerings) add(at, from time.Time, factor float64) {
 // and the fleet's script moves its bucket's tat.)
 func (ls *lowerings) due(given, due time.Time) time.Time {
 	for _, l := range ls {
-		if l.at.After(given) && due.After(l.from) {
-			due = l.from.Add(time.Duration(float64(due.Sub(l.from)) * l.factor))
+		if l.at.After(given) {
+			due = l.move(due)
 		}
 	}
 	return due

@@ -270,26 +270,13 @@ type retiming struct {
 	seq uint64
 }
 
-// movesTurns reports whether a change of the rate by factor (the old rate
-// over the new) moves the turns: a positive finite number other than 1.
-func movesTurns(factor float64) bool { return factor > 0 && factor != 1 && !math.IsInf(factor, 0) }
-
-// scaled returns d times factor, at most a year: a hostile factor never
-// overflows a time.
-func scaled(d time.Duration, factor float64) time.Duration {
-	const most = 365 * 24 * time.Hour
-	if x := float64(d) * factor; x < float64(most) {
-		return time.Duration(x)
-	}
-	return most
-}
-
 // add records change seq, decided at at, by factor (the old rate over the
 // new), of the turns due after from, and wakes the waiters. A factor that
-// moves nothing (movesTurns) is not recorded.
-func (r *retimings) add(at, from time.Time, factor float64, seq uint64) {
-	if !movesTurns(factor) {
-		return
+// moves nothing (not a positive finite number other than 1) is not
+// recorded: add reports whether it was.
+func (r *retimings) add(at, from time.Time, factor float64, seq uint64) bool {
+	if !(factor > 0) || factor == 1 || math.IsInf(factor, 0) {
+		return false
 	}
 	copy(r.ring[1:], r.ring[:len(r.ring)-1])
 	r.ring[0] = retiming{lowering{at: at, from: maxTime(at, from), factor: factor}, seq}
@@ -297,6 +284,7 @@ func (r *retimings) add(at, from time.Time, factor float64, seq uint64) {
 	r.last = at
 	close(r.moved)
 	r.moved = make(chan struct{})
+	return true
 }
 
 // apply returns when a turn due at due is due once the changes numbered
@@ -315,11 +303,7 @@ func (r *retimings) apply(due time.Time, applied uint64, since time.Time) (time.
 		if next < 0 {
 			return due, applied
 		}
-		l := r.ring[next]
-		if due.After(l.from) {
-			due = l.from.Add(scaled(due.Sub(l.from), l.factor))
-		}
-		applied = l.seq
+		due, applied = r.ring[next].move(due), r.ring[next].seq
 	}
 }
 
@@ -474,11 +458,7 @@ func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due ti
 	given := due
 	s.mu.Lock()
 	now := s.clock.Now()
-	r, ok := s.moved.get(id, now)
-	if !ok {
-		r = &retimings{moved: make(chan struct{})}
-		s.moved.put(id, r)
-	}
+	r := s.retimingsLocked(id, now)
 	r.waiting++
 	r.last = now
 	due, applied := r.apply(due, moves, reservedAt)
@@ -516,21 +496,27 @@ func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due ti
 	}
 }
 
-// retime records change seq of key id's rate by factor (old over new),
-// heard at now, that moves the turns due after from: the waiters' and
-// those the process's own checks count (batchLane).
-func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint64) {
-	if !movesTurns(factor) {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// retimingsLocked returns key id's changes heard of, making an empty
+// record if there is none. The caller holds mu.
+func (s *shared) retimingsLocked(id string, now time.Time) *retimings {
 	r, ok := s.moved.get(id, now)
 	if !ok {
 		r = &retimings{moved: make(chan struct{})}
 		s.moved.put(id, r)
 	}
-	r.add(now, from, factor, seq)
+	return r
+}
+
+// retime records change seq of key id's rate by factor (old over new),
+// heard at now, that moves the turns due after from: the waiters' and
+// those the process's own checks count (batchLane).
+func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.retimingsLocked(id, now)
+	if !r.add(now, from, factor, seq) {
+		return
+	}
 	if l, ok := s.lanes.m[id]; ok {
 		l.retime(maxTime(now, from), factor, seq)
 	}

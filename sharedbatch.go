@@ -57,11 +57,12 @@ type heldTurn struct {
 // these are a bound for the process's own calls, which the script checks.)
 // The caller holds mu.
 func (l *batchLane) retime(from time.Time, factor float64, seq uint64) {
+	change := lowering{from: from, factor: factor}
 	move := func(at time.Time, moves uint64) time.Time {
-		if moves >= seq || !at.After(from) {
+		if moves >= seq {
 			return at
 		}
-		return from.Add(scaled(at.Sub(from), factor))
+		return change.move(at)
 	}
 	for i := range l.turns {
 		l.turns[i].at = move(l.turns[i].at, l.turns[i].moves)

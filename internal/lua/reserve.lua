@@ -84,12 +84,12 @@ if reported then
     -- The climb levelled off below the key's rate, or a count with room
     -- sped it up: the turns given before move (see retime in rate.lua),
     -- and this batch's turns are given at the new rate.
-    local moved = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
-    if moved ~= rate then
+    local after = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+    if after ~= rate then
       local queue = nil
       if depth >= 0 then queue = KEYS[4] end
-      tat = retime(KEYS[3], tat, start, rate, moved, burst, now, ARGV[16], ARGV[17], queue)
-      rate, interval, changed = moved, 1000000 / moved, true
+      tat = retime(KEYS[3], tat, start, rate, after, burst, now, ARGV[16], ARGV[17], queue)
+      rate, interval, changed = after, 1000000 / after, true
     end
   end
 end
