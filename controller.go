@@ -195,7 +195,8 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	}
 	stormStarts, levelled := false, false
 	if ev == evExhausted && !hasQ {
-		if other, entered := st.storm.notQuota(s, &st.meter, old); other {
+		probe, first := st.storm.after(s.SentAt, old)
+		if other, entered, _ := st.storm.notQuota(s, &st.meter, probe, first); other {
 			ev, stormStarts = evOther, entered
 			if entered {
 				// The decreases the storm caused were mistaken.
@@ -203,7 +204,6 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			}
 		}
 	}
-	st.storm.count(s)
 
 	if cfg.advertise {
 		adv := s.advertised()
@@ -245,8 +245,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
 			st.hold, d.Hold = until, until
-			if !hasQ {
-				st.storm.held(until)
+			if !hasQ && s.HasRetryAfter {
+				k, gap := st.storm.probing(now, until, cfg.floor)
+				st.storm.held(now, until, k, gap)
 			}
 		}
 		if s.RetryAfter > 0 {
@@ -440,26 +441,32 @@ func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 // held: a window until the budget's reset; a key whose shape is not known
 // yet briefly (as a "remaining 0" holds it), after which one request goes,
 // whose answer tells the shape. rate is the key's rate in units per
-// second. Without a budget, or past its reset, everything is granted.
+// second. Without a budget, or past its reset, everything is granted. A
+// request granted while the probes after a hold go holds the key a gap
+// after it (see storm).
 func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
-	if !st.budgetUntil.After(now) || st.shape == shapeBucket {
-		return true
+	budgeted := st.budgetUntil.After(now) && st.shape != shapeBucket
+	if budgeted && st.budget < float64(cost) {
+		if !st.zeroUntil.After(now) {
+			st.zeroAt, st.zeroUntil, st.zeroUnit = now, st.budgetUntil, st.budgetUnit
+			st.zeroRes = st.budgetRes
+		}
+		if st.shape == shapeWindow {
+			st.hold = maxTime(st.hold, st.budgetUntil)
+		} else {
+			st.hold = maxTime(st.hold, now.Add(probeFor(st.budgetUntil.Sub(now), rate)))
+			st.budget = float64(cost) // the probe, after the hold
+		}
+		return false
 	}
-	if st.budget >= float64(cost) {
+	if budgeted {
 		st.budget -= float64(cost)
-		return true
 	}
-	if !st.zeroUntil.After(now) {
-		st.zeroAt, st.zeroUntil, st.zeroUnit = now, st.budgetUntil, st.budgetUnit
-		st.zeroRes = st.budgetRes
+	// A probe after a hold: the next request goes a gap later (see storm).
+	if next := st.storm.space(now); !next.IsZero() {
+		st.hold = maxTime(st.hold, next)
 	}
-	if st.shape == shapeWindow {
-		st.hold = maxTime(st.hold, st.budgetUntil)
-	} else {
-		st.hold = maxTime(st.hold, now.Add(probeFor(st.budgetUntil.Sub(now), rate)))
-		st.budget = float64(cost) // the probe, after the hold
-	}
-	return false
+	return true
 }
 
 // decrease lowers the key's rate after a throttle at rate w: to just under
@@ -705,65 +712,148 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 }
 
 // storm tells throttles that carry no count and are not about the caller's
-// quota (a storm of lock timeouts, load shedding) from an exhausted quota:
-// a provider that asked the key to wait, was obeyed, and refuses one of the
-// very first requests sent after the wait did not refuse it for the quota —
-// it had the whole wait to refill. From then on, for stormTTL, such
-// throttles delay only their own request; unless most of the key's recent
-// requests are refused, which is an exhausted quota whatever the headers
-// say.
+// quota (a storm of lock timeouts, load shedding) from an exhausted quota,
+// by probes: requests sent after a hold that such a throttle set (with a
+// Retry-After), each alone, the provider's bucket having refilled a unit
+// for it whatever its burst. The first request after the hold is one: the
+// wait the provider asked for gave it a unit. The holds after a sign of a
+// storm have stormProbes of them, each held a gap (a unit at the floor
+// rate, which a limit at or above the floor refills) after the one before
+// (spend holds the key that long after each). A refused probe was not
+// refused for the quota: from then on, for stormTTL, such throttles delay
+// only their own request; unless most of the key's recent requests are
+// refused, which is an exhausted quota whatever the headers say.
+//
+// A sign is a refusal among the first stormFirst requests after a hold (by
+// time at the key's rate), which a storm gives often, and so does a
+// provider whose burst is a few units (sent to faster than its limit, its
+// bucket is empty after them). Taken for a storm, a refusal of the second
+// request after a hold undid the key's decreases, and the key sent at the
+// configured rate with half its requests refused for as long as it ran.
+// Probes after every hold cost a scenario whose provider refuses for its
+// quota only (a refusal every few seconds as the climb finds the limit) a
+// floor's unit or two at every hold; after a sign only, they cost nothing
+// there. (At an episode's first hold too, they moved the climb's refusals
+// of the fleet benchmark's scenario B by a second or more, into its last
+// five seconds.)
 type storm struct {
-	holdEnd time.Time // the end of the last hold a throttle without counts set
-	after   int       // responses seen to requests sent since holdEnd
-	until   time.Time // throttles without counts are not about the quota until then
+	from     time.Time     // when the last hold a throttle without counts set was decided
+	holdEnd  time.Time     // its end: the probes follow
+	probeEnd time.Time     // a request granted from holdEnd until then holds the key gap after it
+	gap      time.Duration // a unit at the floor rate; 0 for a key with no floor (no probes)
+	probes   int           // how many probes follow holdEnd
+	armed    time.Time     // a sign was seen: the holds until then have stormProbes probes
+	until    time.Time     // throttles without counts are not about the quota until then
 }
 
-// stormFirst is how many of the first requests after a hold (by count, and
-// by time at the key's rate) a refusal among marks the throttles as a
-// storm; stormTTL is how long that belief lasts without new evidence;
-// stormExit is the share of refusals, over at least stormExitSamples
-// outcomes in the last second, that ends it.
+// stormProbes is how many requests after a hold are probes after a sign,
+// at most, and stormProbeSpan how long the gaps between them may take in
+// all: fewer at a low floor, and never longer than the hold itself (a key
+// configured under ten a second, at the default floor, has one probe: the
+// first request after the hold). stormFirst is how many of the first
+// requests after a hold (at the key's rate, after its probes) a refusal
+// among is a sign; stormTTL is how long a storm, or a sign, is believed
+// without new evidence; stormExit is the share of refusals, over at least
+// stormExitSamples outcomes in the last second, that ends a storm.
 const (
-	stormFirst       = 2
+	stormProbes      = 3
+	stormProbeSpan   = 500 * time.Millisecond
+	stormFirst       = 5
 	stormTTL         = time.Minute
 	stormExit        = 0.6
 	stormExitSamples = 20
 )
 
-// held records a hold that a throttle without counts set.
-func (st *storm) held(until time.Time) { st.holdEnd, st.after = until, 0 }
-
-// count counts a response to a request sent after the last hold ended.
-func (st *storm) count(s *Signal) {
-	if !st.holdEnd.IsZero() && !s.SentAt.Before(st.holdEnd) {
-		st.after++
+// probing returns how many requests are probes after a hold of length
+// hold, after a sign, and the gap between them, at floor units per second:
+// none without a floor; after the first, as many as stormProbeSpan, or the
+// hold's own length when shorter, has room for.
+func probing(floor float64, hold time.Duration) (int, time.Duration) {
+	if !(floor > 0) || math.IsInf(floor, 0) || hold <= 0 {
+		return 0, 0
 	}
+	gap := time.Duration(float64(time.Second) / floor)
+	if gap <= 0 {
+		return 0, 0
+	}
+	return 1 + int(min(stormProbes-1, int64(min(stormProbeSpan, hold)/gap))), gap
+}
+
+// probing returns how many probes follow a hold until until decided at
+// now (stormProbes after a sign, one otherwise, none without a floor; a
+// hold that extends one not yet ended keeps its probes), and the gap
+// between them.
+func (st *storm) probing(now, until time.Time, floor float64) (int, time.Duration) {
+	k, gap := probing(floor, until.Sub(now))
+	switch {
+	case now.Before(st.holdEnd):
+		k = min(k, max(st.probes, 1))
+	case !now.Before(st.armed):
+		k = min(k, 1)
+	}
+	return k, gap
+}
+
+// held records a hold until until that a throttle without counts, with a
+// Retry-After, set at now, and the k probes, gap apart, that follow it.
+func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
+	st.from, st.holdEnd, st.gap, st.probeEnd, st.probes = now, until, 0, until, k
+	if k > 0 {
+		st.gap, st.probeEnd = gap, until.Add(time.Duration(k-1)*gap)
+	}
+}
+
+// space returns when the next request may go after one granted at now: a
+// gap later while the probes go (and no storm is believed), else zero.
+func (st *storm) space(now time.Time) time.Time {
+	if st.gap == 0 || now.Before(st.holdEnd) || !now.Before(st.probeEnd) || now.Before(st.until) {
+		return time.Time{}
+	}
+	return now.Add(st.gap)
+}
+
+// after reports where a request sent at sent falls after the last hold, at
+// the key's rate: among the probes (from the hold's end until the last
+// probe, and less than half a unit after its time, the next request being a
+// unit later), or among the first stormFirst requests. (Sent a little
+// before the end as this instance measured it counts too: a fleet's hold
+// ends on Redis's clock, heard a moment late.)
+func (st *storm) after(sent time.Time, rate float64) (probe, first bool) {
+	if st.gap == 0 || st.holdEnd.IsZero() || sent.Before(st.from) || !(rate > 0) {
+		return false, false
+	}
+	unit := time.Duration(float64(time.Second) / rate)
+	half := min(st.gap, unit) / 2
+	if sent.Before(st.holdEnd.Add(-half)) {
+		return false, false
+	}
+	return sent.Before(st.probeEnd.Add(half)), sent.Before(st.probeEnd.Add(stormFirst * unit))
 }
 
 // notQuota reports whether s, a throttle without counts, is not about the
 // key's quota (other), learning from it, and whether it is the first sign
-// of a storm (entered): the rate decreases made before were mistaken. rate
-// is the key's rate: a request sent within stormFirst units of it after the
-// hold ended is among the first the provider saw after its wait (by time,
-// not by this instance's count, so that a fleet counts alike).
-func (st *storm) notQuota(s *Signal, m *meter, rate float64) (other, entered bool) {
+// of a storm (entered): the rate decreases made before were mistaken.
+// probe and first say where its request fell after the last hold (see
+// after). A refusal that is a sign only arms the probes (sign).
+func (st *storm) notQuota(s *Signal, m *meter, probe, first bool) (other, entered, sign bool) {
 	now := s.Now
 	if now.Before(st.until) {
 		if share, n := m.refusedShare(now); n >= stormExitSamples && share >= stormExit {
 			st.until = time.Time{}
-			return false, false
+			return false, false, false
 		}
 		st.until = now.Add(stormTTL)
-		return true, false
+		return true, false, false
 	}
-	first := time.Duration(stormFirst / rate * float64(time.Second))
-	// (Sent a little before the end as this instance measured it counts
-	// too: a fleet's hold ends on Redis's clock, heard a round trip late.)
-	if since := s.SentAt.Sub(st.holdEnd); !st.holdEnd.IsZero() && since > -first && since < first && st.after < stormFirst {
-		st.until = now.Add(stormTTL)
-		return true, true
+	switch {
+	case probe:
+		st.until, st.armed = now.Add(stormTTL), time.Time{}
+		return true, true, false
+	case first:
+		st.armed = now.Add(stormTTL)
+		return false, false, true
 	}
-	return false, false
+	return false, false, false
 }
 
 // minEstimateSamples and minEstimateRefusals are how many outcomes, and

@@ -458,6 +458,13 @@ func TestSharedControllerSteps(t *testing.T) {
 				now := time.Now()
 				s.SentAt, s.Now = now.Add(step.sent-step.at), now
 				bucketBefore := goSt.shape == shapeBucket
+				if probe, _ := goSt.storm.after(s.SentAt, goSt.rate(&goCfg, now)); probe {
+					// The fleet's probes are the turns the script tells as
+					// probes (TestProbesAfterAHold): as if this one had been.
+					l.mu.Lock()
+					l.probedLocked(keyID("k"), s.SentAt)
+					l.mu.Unlock()
+				}
 				want := goSt.learn(&goCfg, &s)
 				got := l.Learn(context.Background(), "k", s)
 				require.NoError(t, got.Err, "step %d", j)
@@ -548,24 +555,30 @@ func TestParseControl(t *testing.T) {
 		reply []any
 		ok    bool
 	}{
-		{"good", []any{"100", "70", int64(1000000), int64(2), int64(0)}, true},
-		{"in a storm", []any{"100", "100", int64(0), int64(0), int64(1)}, true},
+		{"good", []any{"100", "70", int64(1000000), int64(2), int64(0), int64(0), "1700000000000000"}, true},
+		{"in a storm", []any{"100", "100", int64(0), int64(0), int64(1), int64(0), "1700000000000000"}, true},
+		{"probes after the hold", []any{"100", "70", int64(1000000), int64(0), int64(0), int64(3), "1700000000000000"}, true},
 		{"nil", nil, false},
-		{"short", []any{"100", "70", int64(0), int64(0)}, false},
-		{"long", []any{"100", "70", int64(0), int64(0), int64(0), int64(0)}, false},
-		{"rate not a string", []any{int64(100), "70", int64(0), int64(0), int64(0)}, false},
-		{"rate garbage", []any{"x", "70", int64(0), int64(0), int64(0)}, false},
-		{"rate zero", []any{"100", "0", int64(0), int64(0), int64(0)}, false},
-		{"rate infinite", []any{"100", "inf", int64(0), int64(0), int64(0)}, false},
-		{"hold negative", []any{"100", "70", int64(-1), int64(0), int64(0)}, false},
-		{"hold a string", []any{"100", "70", "1", int64(0), int64(0)}, false},
-		{"shape unknown", []any{"100", "70", int64(0), int64(7), int64(0)}, false},
-		{"shape negative", []any{"100", "70", int64(0), int64(-1), int64(0)}, false},
-		{"storm neither 0 nor 1", []any{"100", "70", int64(0), int64(0), int64(2)}, false},
+		{"short", []any{"100", "70", int64(0), int64(0), int64(0), int64(0)}, false},
+		{"end not a number", []any{"100", "70", int64(0), int64(0), int64(0), int64(0), "x"}, false},
+		{"end an integer", []any{"100", "70", int64(0), int64(0), int64(0), int64(0), int64(5)}, false},
+		{"end negative", []any{"100", "70", int64(0), int64(0), int64(0), int64(0), "-5"}, false},
+		{"long", []any{"100", "70", int64(0), int64(0), int64(0), int64(0), "0", int64(0)}, false},
+		{"rate not a string", []any{int64(100), "70", int64(0), int64(0), int64(0), int64(0), "1700000000000000"}, false},
+		{"rate garbage", []any{"x", "70", int64(0), int64(0), int64(0), int64(0), "1700000000000000"}, false},
+		{"rate zero", []any{"100", "0", int64(0), int64(0), int64(0), int64(0), "1700000000000000"}, false},
+		{"rate infinite", []any{"100", "inf", int64(0), int64(0), int64(0), int64(0), "1700000000000000"}, false},
+		{"hold negative", []any{"100", "70", int64(-1), int64(0), int64(0), int64(0), "1700000000000000"}, false},
+		{"hold a string", []any{"100", "70", "1", int64(0), int64(0), int64(0), "1700000000000000"}, false},
+		{"shape unknown", []any{"100", "70", int64(0), int64(7), int64(0), int64(0), "1700000000000000"}, false},
+		{"shape negative", []any{"100", "70", int64(0), int64(-1), int64(0), int64(0), "1700000000000000"}, false},
+		{"storm neither 0 nor 1", []any{"100", "70", int64(0), int64(0), int64(2), int64(0), "1700000000000000"}, false},
+		{"probes negative", []any{"100", "70", int64(0), int64(0), int64(0), int64(-1), "1700000000000000"}, false},
+		{"probes too many", []any{"100", "70", int64(0), int64(0), int64(0), int64(stormProbes + 1), "1700000000000000"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
-			require.NotPanics(t, func() { _, _, _, _, _, err = parseControl(tc.reply) })
+			require.NotPanics(t, func() { _, err = parseControl(tc.reply) })
 			assert.Equal(t, tc.ok, err == nil, "%v", err)
 		})
 	}

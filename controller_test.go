@@ -443,33 +443,74 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
-			name: "a refusal among the first requests after a hold that was obeyed is not about the quota: a storm",
+			name: "the first request after a hold that was obeyed, refused, is not about the quota: a storm",
 			steps: []sig{
 				throttle(0, 0, s),
-				throttle(1030*ms, 1010*ms, s), // the first request after the hold: refused
+				throttle(1001*ms, 1000*ms, s), // the first request after the hold: a probe
 				throttle(1300*ms, 1290*ms, s), // in the storm: only its request waits
 				ok(1400*ms, 1390*ms),
 			},
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
-				{notBefore: 1030*ms + s, rate: 100, why: "storm"}, // the decrease the storm caused is undone
+				{notBefore: 1001*ms + s, rate: 100, why: "storm"}, // the decrease the storm caused is undone
 				{notBefore: 1300*ms + s, rate: 100},
 				{rate: 100},
 			},
 		},
 		{
-			name: "a refusal after the first requests after a hold is about the quota",
+			// A refusal among the first requests after a hold is a sign,
+			// taken for the quota (a provider whose burst is a unit or two
+			// refuses the second request at the rate); the holds after it
+			// have three probes, 100ms apart at 100/s configured, whose
+			// floor is 10/s (the limiter spaces them: spend).
+			name: "a sign arms three probes at the next hold: the last, refused, is a storm's",
 			steps: []sig{
 				throttle(0, 0, s),
-				ok(1050*ms, 1046*ms),
-				ok(1080*ms, 1076*ms),
-				throttle(1110*ms, 1106*ms, s),
+				throttle(1030*ms, 1015*ms, s), // the second request after the hold: a sign
+				ok(2040*ms, 2031*ms),
+				ok(2140*ms, 2131*ms),
+				throttle(2240*ms, 2232*ms, s),
 			},
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
-				{rate: 71.2},
-				{rate: 72.1},
-				{hold: 1110*ms + s, notBefore: 1110*ms + s, rate: 50.7, why: "throttled"},
+				{hold: 2030 * ms, notBefore: 2030 * ms, rate: 49.7, why: "throttled"},
+				{rate: 49.6},
+				{rate: 50.5},
+				{notBefore: 2240*ms + s, rate: 100, why: "storm"},
+			},
+		},
+		{
+			name: "a refusal after the first requests after a hold is about the quota; a sign arms the probes of the next hold",
+			steps: []sig{
+				throttle(0, 0, s),
+				ok(1005*ms, 1001*ms),          // the one probe of this hold
+				throttle(1120*ms, 1110*ms, s), // eight units after it
+				ok(2125*ms, 2121*ms),          // the one probe of this hold
+				throttle(2150*ms, 2141*ms, s), // the second request after it: a sign
+				ok(3155*ms, 3151*ms),
+				throttle(3260*ms, 3251*ms, s), // the second probe: a storm
+			},
+			wants: []want{
+				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{rate: 70},
+				{hold: 2120 * ms, notBefore: 2120 * ms, rate: 50.9, why: "throttled"},
+				{rate: 50.9},
+				{hold: 3150 * ms, notBefore: 3150 * ms, rate: 35.8, why: "throttled"},
+				{rate: 35.8},
+				{notBefore: 3260*ms + s, rate: 100, why: "storm"},
+			},
+		},
+		{
+			// (Within half a unit of the hold's end, where a fleet's probe
+			// may be sent as an instance measures it.)
+			name: "a refusal of a request sent before the hold was decided is about the quota",
+			steps: []sig{
+				throttle(0, 0, 3*ms),
+				throttle(10*ms, -1*ms, s), // sent before the first throttle was read
+			},
+			wants: []want{
+				{hold: 3 * ms, notBefore: 3 * ms, rate: 70, why: "throttled"},
+				{hold: 10*ms + s, notBefore: 10*ms + s, rate: 70},
 			},
 		},
 		{
@@ -1142,4 +1183,75 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 			assert.Zero(t, refused, "the bucket was never empty")
 		})
 	}
+}
+
+// TestControllerProbesAfterAHold: after a hold that a throttle without
+// counts set after a sign of a storm, spend parts the first requests
+// granted by a unit at the floor rate (three probes at 100/s configured,
+// whose floor is 10/s), and no others: none after the probes, none after a
+// hold without a sign (its one probe is the first request), none while a
+// storm is believed, none after a hold with counts; a key whose floor's
+// unit is longer than the probes may take (stormProbeSpan) has one probe.
+func TestControllerProbesAfterAHold(t *testing.T) {
+	const ms, s = time.Millisecond, time.Second
+	settings := func(r float64) learnConfig {
+		cfg, err := learnSettings("test", PerSecond(r), learnOptions{})
+		require.NoError(t, err)
+		return cfg
+	}
+	at := func(off time.Duration) time.Time { return ctlEpoch.Add(off) }
+	// spends grants a request at each offset and returns the key's hold
+	// after each.
+	spends := func(st *ctlState, cfg *learnConfig, offs ...time.Duration) []time.Duration {
+		var holds []time.Duration
+		for _, off := range offs {
+			assert.True(t, st.spend(at(off), 1, st.rate(cfg, at(off))))
+			holds = append(holds, st.hold.Sub(ctlEpoch))
+		}
+		return holds
+	}
+
+	t.Run("one without a sign, three after one", func(t *testing.T) {
+		cfg := settings(100)
+		var st ctlState
+		d := st.learn(&cfg, throttle(0, 0, s).signal())
+		require.Equal(t, at(s), d.Hold)
+		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1015*ms))
+		d = st.learn(&cfg, throttle(1030*ms, 1015*ms, s).signal()) // the second request: a sign
+		require.Equal(t, at(2030*ms), d.Hold)
+		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2230 * ms, 2230 * ms},
+			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2250*ms))
+	})
+	t.Run("none while a storm is believed", func(t *testing.T) {
+		cfg := settings(100)
+		var st ctlState
+		st.learn(&cfg, throttle(0, 0, s).signal())
+		st.learn(&cfg, throttle(1030*ms, 1015*ms, s).signal()) // a sign
+		assert.Equal(t, []time.Duration{2130 * ms}, spends(&st, &cfg, 2030*ms))
+		d := st.learn(&cfg, throttle(2040*ms, 2030*ms, s).signal())
+		require.Equal(t, "storm", d.Why)
+		assert.Equal(t, []time.Duration{2130 * ms, 2130 * ms}, spends(&st, &cfg, 2130*ms, 2140*ms))
+	})
+	t.Run("none after a hold with counts", func(t *testing.T) {
+		cfg := settings(100)
+		var st ctlState
+		d := st.learn(&cfg, withQuota(throttle(0, 0, s), 0, s).signal())
+		require.False(t, d.Hold.IsZero())
+		hold := st.hold.Sub(ctlEpoch)
+		assert.Equal(t, []time.Duration{hold, hold}, spends(&st, &cfg, hold, hold+10*ms))
+	})
+	t.Run("one probe at a low floor", func(t *testing.T) {
+		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than stormProbeSpan
+		var st ctlState
+		st.learn(&cfg, throttle(0, 0, s).signal())
+		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1300*ms))
+		// The rate is 3.5/s: a request sent a unit after the first is no
+		// probe, the first is.
+		d := st.learn(&cfg, throttle(1400*ms, 1300*ms, s).signal())
+		assert.Equal(t, "throttled", d.Why)
+		var st2 ctlState
+		st2.learn(&cfg, throttle(0, 0, s).signal())
+		d = st2.learn(&cfg, throttle(1100*ms, s, s).signal())
+		assert.Equal(t, "storm", d.Why)
+	})
 }

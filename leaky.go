@@ -140,7 +140,7 @@ func (lb *LeakyBucket) arrive(key string, cost int, b budget) (w *waiter, now ti
 	l := lb.lane(key, now)
 	r := effectiveRate(l.ctl, &lb.learn, lb.rate, now)
 	if len(l.queue) == 0 && !l.next.After(now) && lb.spend(l, now, cost) {
-		l.next = now.Add(durationOf(cost, r))
+		l.next = lb.after(l, now.Add(durationOf(cost, r)))
 		return nil, now, nil
 	}
 	// Released at the later of next and now, after everyone ahead.
@@ -184,7 +184,7 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 	if now.Sub(at) > gap {
 		at = now
 	}
-	l.next = at.Add(gap)
+	l.next = lb.after(l, at.Add(gap))
 	l.pop(0)
 	return 0, at, true
 }
@@ -222,6 +222,16 @@ func (lb *LeakyBucket) spend(l *lane, now time.Time, cost int) bool {
 	}
 	l.next = maxTime(l.next, l.ctl.hold)
 	return false
+}
+
+// after returns the next release after one whose gap ends at next: next,
+// or the end of the key's hold when a probe after a hold set one (see
+// ctlState.spend). The caller holds mu.
+func (lb *LeakyBucket) after(l *lane, next time.Time) time.Time {
+	if l.ctl == nil {
+		return next
+	}
+	return maxTime(next, l.ctl.hold)
 }
 
 // pop removes the head, drops the gone waiters behind it, and wakes the new

@@ -241,8 +241,14 @@ type fallbackState struct {
 	left    time.Time
 }
 
-// pauseMark is a pause heard of: until when, and when it was heard.
-type pauseMark struct{ until, heard time.Time }
+// pauseMark is a pause heard of: until when, when it was heard, how many
+// probes follow it (a throttle without counts set it: see storm), and its
+// end on the server's clock (0 when not told), which names it.
+type pauseMark struct {
+	until, heard time.Time
+	probes       int
+	end          int64
+}
 
 // retimings are the changes of a key's rate heard of that move the turns
 // the fleet gave before them: a lowering spreads the turns still to come
@@ -522,19 +528,23 @@ func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint
 	}
 }
 
-// heard records a pause of key id until until, heard at now.
-func (s *shared) heard(id string, until, now time.Time) {
+// heard records a pause of key id, p.
+func (s *shared) heard(id string, p pauseMark) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p, ok := s.pauses[id]; ok && !until.After(p.until) {
+	// (A hold this instance set is heard again on the channel, its end
+	// measured a message's delay later: the same hold, named by its end on
+	// the server's clock, not one begun after the turns reserved since,
+	// which would take them again.)
+	if old, ok := s.pauses[id]; ok && (!p.until.After(old.until) || p.end != 0 && p.end == old.end) {
 		return
 	}
-	for k, p := range s.pauses {
-		if !p.until.After(now) {
+	for k, q := range s.pauses {
+		if !q.until.After(p.heard) {
 			delete(s.pauses, k)
 		}
 	}
-	s.pauses[id] = pauseMark{until: until, heard: now}
+	s.pauses[id] = p
 }
 
 // Stats returns the limiter's counters.
@@ -671,7 +681,8 @@ func (s *shared) beat() {
 	}
 }
 
-// hear records a pause announced on the channel, "<key id> <us left>"; the
+// hear records a pause announced on the channel, "<key id> <us left>" (with
+// " e<its end on the server's clock>" and " p<probes>" after it, see storm); the
 // turns a SharedLimits moved, "<key id> m <...>" (see SharedLimits.moved); or
 // a decrease of the key's rate, "<key id> x<old over new> <us until the
 // turns after it are spread>" (the end of the key's hold).
@@ -695,12 +706,29 @@ func (s *shared) hear(payload string) {
 		}
 		return
 	}
-	us, err := strconv.ParseInt(left, 10, 64)
-	if !ok || err != nil || us <= 0 {
+	fields := strings.Fields(left)
+	if !ok || len(fields) == 0 {
+		return
+	}
+	us, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil || us <= 0 {
 		return
 	}
 	now := s.clock.Now()
-	s.heard(id, now.Add(time.Duration(us)*time.Microsecond), now)
+	p := pauseMark{until: now.Add(time.Duration(us) * time.Microsecond), heard: now}
+	for _, f := range fields[1:] {
+		switch {
+		case strings.HasPrefix(f, "e"):
+			if end, err := strconv.ParseInt(f[1:], 10, 64); err == nil && end > 0 {
+				p.end = end
+			}
+		case strings.HasPrefix(f, "p"):
+			if k, err := strconv.Atoi(f[1:]); err == nil && k >= 0 && k <= stormProbes {
+				p.probes = k
+			}
+		}
+	}
+	s.heard(id, p)
 }
 
 func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }

@@ -115,6 +115,7 @@ type reserved struct {
 	err   error
 	moves uint64    // the changes of the key's rate that had moved its turns (see retimings)
 	at    time.Time // when the reply came: the turn is wait after, give or take half a round trip
+	probe bool      // the turn is a probe after a hold (see storm)
 }
 
 // reserve asks Redis for a turn of cost on key id, within b. A waiter whose
@@ -259,6 +260,9 @@ func (s *shared) lead(id string, l *batchLane) {
 			l.paused = now.Add(paused)
 		}
 		for i, r := range results {
+			if r.probe {
+				s.probedLocked(id, r.at.Add(r.wait))
+			}
 			if r.code == 0 {
 				if at := r.at.Add(r.wait); at.After(l.held) {
 					l.held, l.heldAt = at, r.moves
@@ -358,10 +362,11 @@ func parseReserve(reply any, n int) ([]reserved, float64, error) {
 	for i := range out {
 		code, ok1 := vals[3+2*i].(int64)
 		wait, ok2 := vals[4+2*i].(int64)
-		if !ok1 || !ok2 || code < 0 || code > 2 || wait < 0 {
+		if !ok1 || !ok2 || code < 0 || code > 3 || wait < 0 {
 			return nil, 0, fmt.Errorf("malformed reply %v at request %d", reply, i)
 		}
-		out[i] = reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond, moves: uint64(moves)}
+		// (3: admitted, a probe.)
+		out[i] = reserved{code: int(code % 3), wait: time.Duration(wait) * time.Microsecond, moves: uint64(moves), probe: code == 3}
 	}
 	return out, rate, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -27,9 +28,10 @@ type learntRate struct {
 	wrote      time.Time // when
 	meter      meter
 	storm      storm
-	report     *budgetReport // the latest count for the key's budget not yet sent to Redis
-	refill     refill        // a bucket's rate, measured from its reports when it states none
-	start      windowStart   // when a window that sends no reset began (see Quota.impliedReset)
+	probes     [stormProbes]time.Time // the turns of this instance's last probes (see storm)
+	report     *budgetReport          // the latest count for the key's budget not yet sent to Redis
+	refill     refill                 // a bucket's rate, measured from its reports when it states none
+	start      windowStart            // when a window that sends no reset began (see Quota.impliedReset)
 }
 
 // budgetReport is a response's count that sets a key's budget (see
@@ -178,18 +180,24 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		l.shape = shapeBucket
 	}
 	l.meter.add(sig.SentAt, ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
-	// A hold heard from the fleet counts as this instance's own: the first
-	// requests after it tell a storm apart as well.
-	if pm, ok := s.pauses[id]; ok && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
-		l.storm.held(pm.until)
+	// A hold heard from the fleet counts as this instance's own: the
+	// probes after it tell a storm apart as well.
+	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
+		_, gap := probing(s.learn.floor, pm.until.Sub(pm.heard))
+		l.storm.held(pm.heard, pm.until, pm.probes, gap)
 	}
-	stormStarts := false
+	stormStarts, sign := false, false
 	if ev == evExhausted && !hasQ {
-		if other, entered := l.storm.notQuota(&sig, &l.meter, l.rate); other {
-			ev, stormStarts = evOther, entered
+		// A probe is one the script told as one (the fleet's probes are
+		// parted in Redis, whatever this instance heard of the hold); the
+		// first requests after a hold, by time.
+		probe := l.probe(sig.SentAt, s.learn.floor)
+		_, first := l.storm.after(sig.SentAt, l.rate)
+		var other bool
+		if other, stormStarts, sign = l.storm.notQuota(&sig, &l.meter, probe, first); other {
+			ev = evOther
 		}
 	}
-	l.storm.count(&sig)
 	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
 		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
 	}
@@ -231,7 +239,8 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	if !hasEst {
 		est = 0
 	}
-	old, new, held, shp, stormy, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est, rep)
+	c, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est, rep, sign)
+	old, new := c.old, c.new
 	if err != nil {
 		d.Err = fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
 		s.failed(err)
@@ -243,18 +252,19 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		return d
 	}
 	now = s.clock.Now()
-	if held > 0 {
-		d.Hold = now.Add(held)
-		s.heard(id, d.Hold, now)
+	if c.held > 0 {
+		d.Hold = now.Add(c.held)
+		s.heard(id, pauseMark{until: d.Hold, heard: now, probes: c.probes, end: c.end})
 	}
 	s.mu.Lock()
 	l = s.seenLocked(id, new, now)
-	l.shape = shp
-	if stormy && !now.Before(l.storm.until) {
+	l.shape = c.shape
+	if c.stormy && !now.Before(l.storm.until) {
 		l.storm.until = now.Add(stormTTL) // another instance saw the storm
 	}
-	if held > 0 && !hasQ {
-		l.storm.held(d.Hold)
+	if c.held > 0 && c.probes > 0 {
+		_, gap := probing(s.learn.floor, d.Hold.Sub(sig.Now))
+		l.storm.held(sig.Now, d.Hold, c.probes, gap)
 	}
 	if hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
 		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
@@ -280,8 +290,35 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	return d
 }
 
+// probedLocked records a probe turn of key id at at (see storm). The
+// caller holds s.mu.
+func (s *shared) probedLocked(id string, at time.Time) {
+	if l, ok := s.learnt.m[id]; ok {
+		copy(l.probes[1:], l.probes[:])
+		l.probes[0] = at
+	}
+}
+
+// probe reports whether a request sent at sent went at one of this
+// instance's probe turns: from a moment before the turn (its wait counts
+// from the reply's arrival) until half a unit after it, at the floor rate
+// or at the key's, whichever is less (the next turn is a unit later).
+func (l *learntRate) probe(sent time.Time, floor float64) bool {
+	_, gap := probing(floor, time.Hour)
+	if gap == 0 || !(l.rate > 0) {
+		return false
+	}
+	half := min(gap, time.Duration(float64(time.Second)/l.rate)) / 2
+	for _, at := range l.probes {
+		if !at.IsZero() && !sent.Before(at.Add(-2*time.Millisecond)) && sent.Before(at.Add(half)) {
+			return true
+		}
+	}
+	return false
+}
+
 // control runs the control script for key id: one round trip.
-func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64, rep *budgetReport) (old, new float64, held time.Duration, shp shape, stormy bool, err error) {
+func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
 	flag := func(b bool) int {
 		if b {
 			return 1
@@ -320,35 +357,58 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	if rep != nil {
 		unit, inFlight = micros(rep.unit), rep.inFlight
 	}
-	args = append(args, rem, lim, unit, inFlight, flag(rep != nil))
+	// The probes after a hold that a throttle without counts sets, after a
+	// sign (see storm): the script arms them for the fleet.
+	k, gap := 0, time.Duration(0)
+	if !hasQ && sig.HasRetryAfter {
+		k, gap = probing(s.learn.floor, sig.RetryAfter)
+	}
+	args = append(args, rem, lim, unit, inFlight, flag(rep != nil), micros(gap), k, flag(sign))
 	keys := s.redisKeys(id)
 	var reply []any
-	err = s.do(ctx, func(ctx context.Context) error {
+	err := s.do(ctx, func(ctx context.Context) error {
 		var err error
 		reply, err = s.controlScript.Run(ctx, s.rdb, []string{keys[2], keys[1], keys[0], keys[3]}, args...).Slice()
 		return err
 	})
 	if err != nil {
-		return 0, 0, 0, 0, false, err
+		return controlled{}, err
 	}
 	return parseControl(reply)
 }
 
 // parseControl checks and reads the control script's reply: the rate
-// before and after (strings), the hold left in us, the shape, whether a
-// storm is believed. A malformed reply is an error, never a panic.
-func parseControl(reply []any) (old, new float64, held time.Duration, shp shape, stormy bool, err error) {
-	if len(reply) == 5 {
+// before and after, the hold left, the shape, whether a storm is believed,
+// how many probes follow the hold (see storm), and the hold's end on the
+// server's clock (which names it: see heard). A malformed reply is an error,
+// never a panic.
+func parseControl(reply []any) (c controlled, err error) {
+	if len(reply) == 7 {
 		old, ok1 := parseRate(reply[0])
 		new, ok2 := parseRate(reply[1])
 		h, ok3 := reply[2].(int64)
 		sh, ok4 := reply[3].(int64)
 		st, ok5 := reply[4].(int64)
-		if ok1 && ok2 && ok3 && ok4 && ok5 && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) && (st == 0 || st == 1) {
-			return old, new, time.Duration(h) * time.Microsecond, shape(sh), st == 1, nil
+		k, ok6 := reply[5].(int64)
+		e, ok7 := reply[6].(string)
+		end, err := strconv.ParseInt(e, 10, 64)
+		if ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7 && err == nil && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) &&
+			(st == 0 || st == 1) && k >= 0 && k <= stormProbes && end >= 0 {
+			return controlled{old: old, new: new, held: time.Duration(h) * time.Microsecond, shape: shape(sh),
+				stormy: st == 1, probes: int(k), end: end}, nil
 		}
 	}
-	return 0, 0, 0, 0, false, fmt.Errorf("malformed reply %v", reply)
+	return controlled{}, fmt.Errorf("malformed reply %v", reply)
+}
+
+// controlled is what the control script decided.
+type controlled struct {
+	old, new float64       // the key's rate before and after
+	held     time.Duration // the hold left; 0 for none
+	shape    shape
+	stormy   bool  // a storm is believed
+	probes   int   // the probes that follow the hold
+	end      int64 // the hold's end, in us of the server's clock
 }
 
 // fallbackLearn is how the fallback limiter at rate share learns: as this

@@ -695,7 +695,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	}
 	id := keyID(key)
 	if holdFor > 0 {
-		s.heard(id, d.Hold, now) // this process's waiters need not wait for the channel
+		s.heard(id, pauseMark{until: d.Hold, heard: now}) // this process's waiters need not wait for the channel
 	}
 	args := make([]any, 0, 4+len(l.args)+len(caps))
 	args = append(args, "learn")

@@ -248,13 +248,14 @@ func (tb *TokenBucket) commit(g grant, cost int) bool {
 
 // spendLocked spends cost units of bk's budget at now; when they are not
 // there, the key is now held (see ctlState.spend) and the bucket resumes
-// at the rate after the hold. The caller holds bk.mu.
+// at the rate after the hold. A probe after a hold, granted, holds the key
+// a gap after it in the same way. The caller holds bk.mu.
 func (tb *TokenBucket) spendLocked(bk *tokenBucket, now time.Time, cost int) bool {
-	if bk.ctl.spend(now, cost, bk.ctl.rate(&tb.learn, now)) {
-		return true
+	ok := bk.ctl.spend(now, cost, bk.ctl.rate(&tb.learn, now))
+	if bk.ctl.hold.After(now) {
+		bk.resume = maxTime(bk.resume, bk.ctl.hold)
 	}
-	bk.resume = maxTime(bk.resume, bk.ctl.hold)
-	return false
+	return ok
 }
 
 // reserve takes cost tokens from key's bucket, now or, while the key is

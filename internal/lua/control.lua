@@ -42,10 +42,22 @@
 -- ARGV[28] 1 when the response's count sets the key's budget (a requests
 --          quota with a reset), or drains its bucket (a success from a
 --          provider that refills continuously), else 0
+-- ARGV[29], ARGV[30]  the probes after a hold that a throttle without
+--          counts (with a Retry-After) sets (storm in controller.go): the
+--          gap between them (us), and how many after a sign (0 for none;
+--          one, the first request after the hold, otherwise; a hold that
+--          extends one not yet ended keeps its probes); the fleet's first
+--          grants from the hold's end are the probes, parted by the gap
+--          (reserve.lua)
+-- ARGV[31] 1 when the response is a sign of a storm (a refusal among the
+--          first requests after such a hold), which arms the probes of the
+--          holds for ARGV[23] us, fleet-wide; else 0
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape, 1 while a storm is believed
--- (else 0)}.
+-- (else 0), how many probes follow the hold, its end (us of server time;
+-- 0 when none)}. A hold is told on the channel as "<id> <us left> e<end>",
+-- followed by " p<probes>" when probes follow it.
 local configured, discover, c, floor, beta = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
   tonumber(ARGV[4]), tonumber(ARGV[5])
 local old = effective(KEYS[1], now, configured, discover, c, floor)
@@ -65,7 +77,7 @@ local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]
 local zres = tonumber(st[9]) or 1000000
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
-  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb')
+  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm')
   storm = now + tonumber(ARGV[23])
   redis.call('HSET', KEYS[1], 'storm', string.format('%.0f', storm))
   prev = nil
@@ -73,6 +85,9 @@ end
 if exhausted and ARGV[22] == '1' and storm > now then
   -- In a storm, a throttle without counts delays only its own request.
   exhausted = false
+end
+if ARGV[31] == '1' then
+  redis.call('HSET', KEYS[1], 'parm', string.format('%.0f', now + tonumber(ARGV[23])))
 end
 
 -- The shape, as the dialect says, or from a request sent after a
@@ -134,6 +149,8 @@ if adv > 0 then
 end
 
 local held = 0
+local heldEnd = 0
+local probes = 0
 local decreased = false
 if exhausted and throttled then
   if sent >= 0 then refused(KEYS[1], sent) else refused(KEYS[1], now) end
@@ -185,8 +202,27 @@ if exhausted then
         redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
       end
     end
-    redis.call('PUBLISH', ARGV[18], ARGV[19] .. ' ' .. string.format('%.0f', untilus - now))
+    local told = ARGV[19] .. ' ' .. string.format('%.0f', untilus - now) .. ' e' .. string.format('%.0f', untilus)
+    local pg, pk = tonumber(ARGV[29]), tonumber(ARGV[30])
+    if ARGV[22] == '1' and pk > 0 then
+      -- A throttle without counts: probes follow, a gap apart (see storm
+      -- in controller.go), the first at the hold's end; more than one
+      -- after a sign only.
+      local pst = redis.call('HMGET', KEYS[1], 'parm', 'ph', 'pk')
+      local armed, last, lastk = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3])
+      if cur > now and last and last > now and lastk then
+        pk = math.min(pk, math.max(lastk, 1))
+      elseif not (armed and armed > now) then
+        pk = 1
+      end
+      redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pc', 0, 'pg', string.format('%.0f', pg))
+      redis.call('HDEL', KEYS[1], 'pn')
+      told = told .. ' p' .. pk
+      probes = pk
+    end
+    redis.call('PUBLISH', ARGV[18], told)
     held = math.ceil(untilus - now)
+    heldEnd = untilus
     cur = untilus
   end
   -- Discovery: a throttle to a request sent after the last decrease, when
@@ -245,4 +281,5 @@ if new ~= old then
 end
 local stormy = 0
 if storm > now then stormy = 1 end
-return {string.format('%.17g', old), string.format('%.17g', new), held, shape, stormy}
+return {string.format('%.17g', old), string.format('%.17g', new), held, shape, stormy, probes,
+  string.format('%.0f', heldEnd)}

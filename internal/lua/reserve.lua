@@ -41,14 +41,22 @@
 -- the rate have moved the turns given (see retime in rate.lua: the turns
 -- given now move with the later ones only), then a pair a request: (code, wait in
 -- us), code 0 = admitted after wait, 1 = refused because wait exceeds its
--- max wait, 2 = refused because the queue is full. A refused request takes
--- nothing.
+-- max wait, 2 = refused because the queue is full, 3 = admitted after wait,
+-- a probe (see above). A refused request takes nothing.
 local rate = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 local interval = 1000000 / rate
 local burst = tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local start = math.max(now, pause)
+-- The probes after a hold that a throttle without counts set (storm in
+-- controller.go; ph, pk and pg in control.lua): the first pk turns
+-- granted from the hold's end (pc counts them) are told as probes, and each
+-- but the last puts the next a gap (pg) after it (pn). Not a hold: nothing
+-- is told on the channel, and the reply's pause leaves it out.
+local pst = redis.call('HMGET', KEYS[3], 'ph', 'pk', 'pc', 'pg', 'pn')
+local ph, pk, pc, pg = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3]) or 0, tonumber(pst[4])
+local pn = tonumber(pst[5]) or 0
+local start = math.max(now, pause, pn)
 -- The pacer's queue counts the units waiting, not the time their turns
 -- span: turns given at a lower rate than today's, or spread out by holds,
 -- are as many requests as they were when given. The units whose turns
@@ -123,7 +131,7 @@ for i = 19, #ARGV, 2 do
     -- is not told on the channel, which would make their waiters reserve
     -- again after it.
     pause = held
-    start = math.max(now, pause)
+    start = math.max(now, pause, pn)
     if depth >= 0 then queued = waiting(start) end
     redis.call('SET', KEYS[2], string.format('%.0f', pause), 'PX', math.ceil((pause - now) / 1000) + 1)
     if burst > 0 then tat = math.max(tat, pause + (burst - 1) * interval) end
@@ -137,6 +145,19 @@ for i = 19, #ARGV, 2 do
     if depth >= 0 and at > now then
       redis.call('ZADD', KEYS[4], string.format('%.3f', at), string.format('%.3f:%d', at, cost))
       if at > start then queued = queued + cost end
+    end
+    if ph and pk and pg and at >= ph and pc < pk then
+      -- A probe: the next turn a gap after it, with one unit then.
+      pc = pc + 1
+      code = 3
+      redis.call('HSET', KEYS[3], 'pc', pc)
+      if pc < pk then
+        pn = at + pg
+        redis.call('HSET', KEYS[3], 'pn', string.format('%.0f', pn))
+        start = math.max(start, pn)
+        if depth >= 0 then queued = waiting(start) end
+        if burst > 0 then tat = math.max(tat, pn + (burst - 1) * interval) end
+      end
     end
   end
   out[#out + 1] = code

@@ -1,0 +1,190 @@
+package egress
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-go/egress/internal/fakeapi"
+	"github.com/egress-go/egress/internal/redistest"
+)
+
+// The probes after a hold, and the storms they tell apart (see storm in
+// controller.go), in real time: the limiters part the probes, and a
+// provider whose burst is a unit or two is not taken for a storm.
+
+// TestProbesAfterAHold: a throttle without counts holds the key for its
+// 200 ms Retry-After, and the second request after the hold is refused the
+// same way: a sign of a storm, whose hold has three probes (at 100/s
+// configured: a floor of 10/s). Waiters queued meanwhile go after it, the
+// first three a floor's unit (100 ms) apart, the rest at the key's rate
+// again; a probe refused the same way is a storm's: for every limiter of
+// the package that keeps a rate, local and shared.
+func TestProbesAfterAHold(t *testing.T) {
+	limiters := map[string]func(t *testing.T) Limiter{
+		"TokenBucket": func(t *testing.T) Limiter {
+			l, err := NewTokenBucket(PerSecond(100), 1)
+			require.NoError(t, err)
+			return l
+		},
+		"LeakyBucket": func(t *testing.T) Limiter {
+			l, err := NewLeakyBucket(PerSecond(100), 64)
+			require.NoError(t, err)
+			return l
+		},
+	}
+	for name, newShared := range bothShared() {
+		limiters[name] = func(t *testing.T) Limiter {
+			return newShared(t, redistest.Start(t).Client(t), "probes")
+		}
+	}
+	for name, newLimiter := range limiters {
+		t.Run(name, func(t *testing.T) {
+			l := newLimiter(t)
+			const key, waiters, gap = "api.example.com", 6, 100 * time.Millisecond
+			throttle := func(sent time.Time) Decision {
+				return l.(Learner).Learn(context.Background(), key, Signal{
+					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: sent,
+					RetryAfter: 200 * time.Millisecond, HasRetryAfter: true,
+				})
+			}
+			d := throttle(time.Now().Add(-time.Millisecond))
+			require.False(t, d.Hold.IsZero(), "the throttle holds the key: %+v", d)
+			time.Sleep(time.Until(d.Hold.Add(20 * time.Millisecond)))
+			d = throttle(d.Hold.Add(15 * time.Millisecond)) // the second request after the hold
+			require.False(t, d.Hold.IsZero(), "the sign holds the key: %+v", d)
+			wait, _ := startWaiters(t, l, key, waiters)
+			done := wait()
+			unit := time.Duration(float64(time.Second) / l.(interface{ EffectiveRate(string) Rate }).EffectiveRate(key).PerSecond())
+			var offs []time.Duration
+			for _, at := range done {
+				offs = append(offs, at.Sub(d.Hold).Round(time.Millisecond))
+			}
+			t.Logf("after the hold's end: %v (a unit at the rate %v)", offs, unit)
+			assert.GreaterOrEqual(t, offs[0], -5*time.Millisecond, "nothing goes before the hold's end")
+			assert.Less(t, offs[0], gap/2, "the first probe at the hold's end")
+			for i := 1; i < 3; i++ {
+				assert.GreaterOrEqual(t, done[i].Sub(done[i-1]), gap-10*time.Millisecond, "probe %d a floor's unit after the one before", i+1)
+			}
+			for i := 3; i < waiters; i++ {
+				assert.Less(t, done[i].Sub(done[i-1]), gap/2, "request %d at the key's rate again", i+1)
+			}
+			// The second probe, refused the same way: a storm. (For the
+			// shared limiters, a probe is a turn the script told as one.)
+			d = throttle(done[1])
+			assert.Equal(t, "storm", d.Why, "a refused probe: %+v", d)
+		})
+	}
+}
+
+// TestSmallBurstIsNoStorm: the provider enforces 62/s with a burst of one
+// and sends no counts; the clients are configured at 100/s. After a hold,
+// the second request at the lowered rate (70/s) finds the provider's bucket
+// empty: it is refused for the quota. Taken for a storm (as a refusal among
+// the first two requests after a hold was before the probes), the key's
+// decreases were undone and it sent at 100/s with half its requests
+// refused, for as long as it ran. Now it is a sign: the probes after the
+// next hold are a floor's unit apart, none is refused, and the key follows
+// the limit as discovery finds it.
+func TestSmallBurstIsNoStorm(t *testing.T) {
+	for name, newLimiter := range map[string]func() (Limiter, error){
+		"TokenBucket": func() (Limiter, error) { return NewTokenBucket(PerSecond(100), 10) },
+		"LeakyBucket": func() (Limiter, error) { return NewLeakyBucket(PerSecond(100), 32) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			api := adpProvider(t, fakeapi.Config{Rate: 62, Burst: 1, Latency: 2 * time.Millisecond})
+			l, err := newLimiter()
+			require.NoError(t, err)
+			in := adpNewInstance(t, l)
+			fleet := []*adpInstance{in, in, in, in} // one Transport, 4·8 senders
+			const d = 6 * time.Second
+			r := adpDrive(t, api, fleet, d)
+			key := adpHostKey(api)
+			r.log(t, fleet[:1], key)
+			for _, c := range in.rec.rateLog() {
+				assert.NotEqual(t, "storm", c.why, "a quota refused at its burst of one is no storm: %v", in.rec.rateLog())
+			}
+			assert.LessOrEqual(t, adpSum(r.limited, 3, len(r.limited)), 6, "429s after the first 3 s")
+			assert.Less(t, in.adj.EffectiveRate(key).PerSecond(), 62.0, "the key's rate, under the limit")
+		})
+	}
+}
+
+// TestStormIsTold: 30% of the requests within the limit are refused with a
+// 429 and a Retry-After of 1 s, without counts. The probes after a hold
+// (three, each refused with a chance of 30%) tell the storm within a few
+// holds; from then on the 429s delay only their own requests, the key's
+// rate is the configured one, and the provider accepts most of what the
+// storm lets through.
+func TestStormIsTold(t *testing.T) {
+	api := adpProvider(t, fakeapi.Config{Rate: 100, Burst: 10, Latency: 2 * time.Millisecond, Seed: 7,
+		Storm: fakeapi.Storm{Share: 0.3, RetryAfter: time.Second}})
+	l, err := NewTokenBucket(PerSecond(100), 10)
+	require.NoError(t, err)
+	in := adpNewInstance(t, l)
+	fleet := []*adpInstance{in, in, in, in}
+	const d = 6 * time.Second
+	r := adpDrive(t, api, fleet, d)
+	key := adpHostKey(api)
+	r.log(t, fleet[:1], key)
+	storm := false
+	for _, c := range in.rec.rateLog() {
+		storm = storm || c.why == "storm"
+	}
+	assert.True(t, storm, "the storm is told: %v", in.rec.rateLog())
+	assert.Equal(t, PerSecond(100), in.adj.EffectiveRate(key), "the storm's decreases undone")
+	// 70 a second let through at 100/s; the 32 senders, each a second
+	// asleep after a 429, send about that.
+	assert.GreaterOrEqual(t, adpSum(r.accepted, 4, 6), 80, "accepted in the last 2 s")
+}
+
+// TestSharedHearsHolds: a hold told on the channel, "<id> <us left>
+// e<its end on the server's clock> p<probes>", is recorded with its probes;
+// the same hold heard again later (its end measured a message's delay
+// apart, as a hold this instance set is echoed) is the same hold, and
+// keeps the time it was first heard, so that the turns reserved since are
+// not taken again; a hold with another end is a new one. Broken messages
+// record nothing, and a probe count out of range is none.
+func TestSharedHearsHolds(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newSharedTB(t, srv.Client(t), "hear-holds", PerSecond(100), 1, WithCommandTimeout(roomyTimeout))
+	s := l.shared
+	mark := func(id string) (pauseMark, bool) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		p, ok := s.pauses[id]
+		return p, ok
+	}
+	for _, p := range []string{"k", "k -5", "k 0", "k abc", "k e5", " 500000"} {
+		s.hear(p)
+	}
+	_, ok := mark("k")
+	assert.False(t, ok, "nothing recorded from broken messages")
+
+	s.hear("k 500000 e1700000000000000 p3")
+	first, ok := mark("k")
+	require.True(t, ok)
+	assert.Equal(t, 3, first.probes)
+	assert.Equal(t, int64(1700000000000000), first.end)
+	assert.InDelta(t, 500*time.Millisecond, time.Until(first.until), float64(50*time.Millisecond))
+
+	time.Sleep(5 * time.Millisecond)
+	s.hear("k 500000 e1700000000000000 p3") // the same hold, heard later
+	echo, _ := mark("k")
+	assert.Equal(t, first, echo, "the same hold: not heard anew")
+
+	s.hear("k 500000 e1700000000005000 p1") // another hold, ending later
+	later, _ := mark("k")
+	assert.Equal(t, int64(1700000000005000), later.end)
+	assert.Equal(t, 1, later.probes)
+	assert.True(t, later.heard.After(first.heard), "a new hold is heard anew")
+
+	s.hear("j 500000 e1700000000000000 p9")
+	j, ok := mark("j")
+	require.True(t, ok)
+	assert.Equal(t, 0, j.probes, "a probe count out of range is none")
+}
