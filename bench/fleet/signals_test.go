@@ -84,8 +84,8 @@ type signalMeasure struct {
 
 // TestSignalScenarios runs the scenarios of "Signals, weighed" — the right
 // limit (A), a limit configured at twice the real one (B), a limit that
-// changes mid-run (B'), a storm of 429s that are not about the quota (C)
-// and a fixed window (D) — with each scenario's provider advertising its bucket and not, for
+// changes mid-run (B'), a storm of 429s that are not about the quota (C),
+// a fixed window (D) and a provider whose burst is one (E) — with each scenario's provider advertising its bucket and not, for
 // egress's four limiters and the peers, and prints one table per scenario.
 // It takes about eight minutes and runs only when asked: name it in -run,
 // or set EGRESS_SIGNALS=1.
@@ -280,8 +280,28 @@ func signalScenarios() []signalScenario {
 					benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls), m.perSecond()}
 			},
 		},
+		{
+			id: "E", title: fmt.Sprintf("A burst of one: the provider enforces %g/s with a burst of 1", oneRate),
+			rate: oneRate, burst: 1, providerOf: provider(oneRate, 1, fakeapi.Storm{}),
+			intro: fmt.Sprintf("Clients configured at 100/s, burst 10. The provider spaces its requests: sent faster than "+
+				"%g/s, the second request after a wait is refused, whatever the wait was. A refusal among the first "+
+				"requests after a hold is then no sign that the provider throttles for another reason than its limit "+
+				"(a storm). No target was set; the measures are B's.", oneRate),
+			columns: []string{fmt.Sprintf("%% of %g/s, last 5 s", oneRate), fmt.Sprintf("%% of %g/s, 10 s", oneRate), "429s",
+				"429s after 3 s", "most 429s in 5 s after 3 s", "p50", "p99", "failed / calls", "accepted per second"},
+			cells: func(m signalMeasure) []string {
+				last := m.acceptedBetween(5*time.Second, 10*time.Second)
+				all := m.acceptedBetween(0, 10*time.Second)
+				return []string{benchkit.Percent(float64(last) / (oneRate * 5)), benchkit.Percent(float64(all) / (oneRate * 10)),
+					benchkit.Count(m.o.limited), benchkit.Count(m.limitedAfter(settle)), benchkit.Count(m.most429sAfter(settle, 5*time.Second)),
+					benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls), m.perSecond()}
+			},
+		},
 	}
 }
+
+// Scenario E: a provider whose burst is one.
+const oneRate = 62.0
 
 // Scenario D: a fixed window of windowQuota requests per windowLength,
 // aligned on the clock.
