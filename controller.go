@@ -737,13 +737,14 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 // of the fleet benchmark's scenario B by a second or more, into its last
 // five seconds.)
 type storm struct {
-	from     time.Time     // when the last hold a throttle without counts set was decided
-	holdEnd  time.Time     // its end: the probes follow
-	probeEnd time.Time     // a request granted from holdEnd until then holds the key gap after it
-	gap      time.Duration // a unit at the floor rate; 0 for a key with no floor (no probes)
-	probes   int           // how many probes follow holdEnd
-	armed    time.Time     // a sign was seen: the holds until then have stormProbes probes
-	until    time.Time     // throttles without counts are not about the quota until then
+	from    time.Time              // when the last hold a throttle without counts set was decided
+	holdEnd time.Time              // its end: the probes follow
+	gap     time.Duration          // a unit at the floor rate; 0 when no probes follow
+	probes  int                    // how many probes follow holdEnd
+	granted int                    // how many of them the limiter granted (see space)
+	turns   [stormProbes]time.Time // when it granted them
+	armed   time.Time              // a sign was seen: the holds until then have stormProbes probes
+	until   time.Time              // throttles without counts are not about the quota until then
 }
 
 // stormProbes is how many requests after a hold are probes after a sign,
@@ -797,37 +798,56 @@ func (st *storm) probing(now, until time.Time, floor float64) (int, time.Duratio
 // held records a hold until until that a throttle without counts, with a
 // Retry-After, set at now, and the k probes, gap apart, that follow it.
 func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
-	st.from, st.holdEnd, st.gap, st.probeEnd, st.probes = now, until, 0, until, k
-	if k > 0 {
-		st.gap, st.probeEnd = gap, until.Add(time.Duration(k-1)*gap)
+	st.from, st.holdEnd, st.gap, st.probes, st.granted, st.turns = now, until, gap, k, 0, [stormProbes]time.Time{}
+	if k == 0 {
+		st.gap = 0
 	}
 }
 
-// space returns when the next request may go after one granted at now: a
-// gap later while the probes go (and no storm is believed), else zero.
+// space records a request the limiter granted at now. While the probes go
+// (and no storm is believed) it is one, and it returns when the next may
+// go: a gap later, but after the last probe. Otherwise zero.
 func (st *storm) space(now time.Time) time.Time {
-	if st.gap == 0 || now.Before(st.holdEnd) || !now.Before(st.probeEnd) || now.Before(st.until) {
+	if st.gap == 0 || now.Before(st.holdEnd) || st.granted >= st.probes || now.Before(st.until) {
 		return time.Time{}
 	}
-	return now.Add(st.gap)
+	st.turns[st.granted] = now
+	st.granted++
+	if st.granted < st.probes {
+		return now.Add(st.gap)
+	}
+	return time.Time{}
+}
+
+// atTurn reports whether a request sent at sent went at a probe's turn at
+// (zero for none), the next turn being a unit later: from a moment before
+// the turn (a fleet's turns are on Redis's clock, their wait counted from a
+// reply) until nearly the next. (A waiter woken late by a busy process
+// still sends first after its turn; counted from the hold's end instead,
+// the first request after a hold sent 8 ms late at 70/s was not a probe.)
+func atTurn(sent, at time.Time, unit time.Duration) bool {
+	return !at.IsZero() && !sent.Before(at.Add(-2*time.Millisecond)) && sent.Before(at.Add(max(unit/2, unit-time.Millisecond)))
 }
 
 // after reports where a request sent at sent falls after the last hold, at
-// the key's rate: among the probes (from the hold's end until the last
-// probe, and less than half a unit after its time, the next request being a
-// unit later), or among the first stormFirst requests. (Sent a little
-// before the end as this instance measured it counts too: a fleet's hold
-// ends on Redis's clock, heard a moment late.)
+// the key's rate: at one of the probes' turns this limiter granted, or
+// among the first stormFirst requests after the hold's end and its probes.
+// (Sent a little before the end as this instance measured it counts too: a
+// fleet's hold ends on Redis's clock, heard a moment late.)
 func (st *storm) after(sent time.Time, rate float64) (probe, first bool) {
 	if st.gap == 0 || st.holdEnd.IsZero() || sent.Before(st.from) || !(rate > 0) {
 		return false, false
 	}
 	unit := time.Duration(float64(time.Second) / rate)
-	half := min(st.gap, unit) / 2
-	if sent.Before(st.holdEnd.Add(-half)) {
-		return false, false
+	u := min(st.gap, unit)
+	for _, at := range st.turns[:st.granted] {
+		probe = probe || atTurn(sent, at, u)
 	}
-	return sent.Before(st.probeEnd.Add(half)), sent.Before(st.probeEnd.Add(stormFirst * unit))
+	last := st.holdEnd.Add(time.Duration(st.probes-1) * st.gap)
+	if st.granted > 0 {
+		last = maxTime(last, st.turns[st.granted-1])
+	}
+	return probe, !sent.Before(st.holdEnd.Add(-u/2)) && sent.Before(last.Add(stormFirst*unit))
 }
 
 // notQuota reports whether s, a throttle without counts, is not about the

@@ -458,6 +458,7 @@ func TestSharedControllerSteps(t *testing.T) {
 				now := time.Now()
 				s.SentAt, s.Now = now.Add(step.sent-step.at), now
 				bucketBefore := goSt.shape == shapeBucket
+				goSt.storm.space(s.SentAt) // the limiter granted it then (see storm)
 				if probe, _ := goSt.storm.after(s.SentAt, goSt.rate(&goCfg, now)); probe {
 					// The fleet's probes are the turns the script tells as
 					// probes (TestProbesAfterAHold): as if this one had been.

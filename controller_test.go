@@ -466,6 +466,7 @@ func ctlTables() []ctlTable {
 			name: "a sign arms three probes at the next hold: the last, refused, is a storm's",
 			steps: []sig{
 				throttle(0, 0, s),
+				ok(1005*ms, 1001*ms),          // the one probe of this hold
 				throttle(1030*ms, 1015*ms, s), // the second request after the hold: a sign
 				ok(2040*ms, 2031*ms),
 				ok(2140*ms, 2131*ms),
@@ -473,6 +474,7 @@ func ctlTables() []ctlTable {
 			},
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{rate: 70},
 				{hold: 2030 * ms, notBefore: 2030 * ms, rate: 49.7, why: "throttled"},
 				{rate: 49.6},
 				{rate: 50.5},
@@ -564,6 +566,7 @@ func TestControllerSteps(t *testing.T) {
 			var st ctlState
 			for i, step := range tc.steps {
 				s := step.signal()
+				st.storm.space(s.SentAt) // the limiter granted it then (see storm)
 				d := st.learn(&cfg, s)
 				w := tc.wants[i]
 				at := func(off time.Duration) time.Time {
@@ -1251,6 +1254,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, "throttled", d.Why)
 		var st2 ctlState
 		st2.learn(&cfg, throttle(0, 0, s).signal())
+		spends(&st2, &cfg, s)
 		d = st2.learn(&cfg, throttle(1100*ms, s, s).signal())
 		assert.Equal(t, "storm", d.Why)
 	})

@@ -300,17 +300,16 @@ func (s *shared) probedLocked(id string, at time.Time) {
 }
 
 // probe reports whether a request sent at sent went at one of this
-// instance's probe turns: from a moment before the turn (its wait counts
-// from the reply's arrival) until half a unit after it, at the floor rate
-// or at the key's, whichever is less (the next turn is a unit later).
+// instance's probe turns (see atTurn), at the floor rate or at the key's,
+// whichever is less.
 func (l *learntRate) probe(sent time.Time, floor float64) bool {
 	_, gap := probing(floor, time.Hour)
 	if gap == 0 || !(l.rate > 0) {
 		return false
 	}
-	half := min(gap, time.Duration(float64(time.Second)/l.rate)) / 2
+	u := min(gap, time.Duration(float64(time.Second)/l.rate))
 	for _, at := range l.probes {
-		if !at.IsZero() && !sent.Before(at.Add(-2*time.Millisecond)) && sent.Before(at.Add(half)) {
+		if atTurn(sent, at, u) {
 			return true
 		}
 	}
