@@ -142,9 +142,9 @@ func TestSharedRaiseBringsTurnsIn(t *testing.T) {
 				at.Sub(start), lastDue.Sub(start), brought.Sub(start), last.Sub(start))
 			assert.True(t, last.Before(brought.Add(60*time.Millisecond)), "the last turn goes at the new rate")
 			assert.True(t, last.After(brought.Add(-40*time.Millisecond)), "paced still, not at once")
-			for i := waiters - 5; i < waiters; i++ {
-				assert.GreaterOrEqual(t, done[i].Sub(done[i-1]), 5*time.Millisecond, "turns %d and %d 10 ms apart", i-1, i)
-			}
+			// The last five gaps, 10 ms each at the new rate: 50 ms, less a
+			// waiter woken late on a busy machine.
+			assert.GreaterOrEqual(t, done[waiters-1].Sub(done[waiters-6]), 35*time.Millisecond, "the last turns 10 ms apart")
 		})
 	}
 }
