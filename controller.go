@@ -743,6 +743,7 @@ type storm struct {
 	probes  int                    // how many probes follow holdEnd
 	granted int                    // how many of them the limiter granted (see space)
 	turns   [stormProbes]time.Time // when it granted them
+	due     [stormProbes]time.Time // the earliest each could go: the next request is due a unit after
 	armed   time.Time              // a sign was seen: the holds until then have stormProbes probes
 	until   time.Time              // throttles without counts are not about the quota until then
 }
@@ -798,7 +799,8 @@ func (st *storm) probing(now, until time.Time, floor float64) (int, time.Duratio
 // held records a hold until until that a throttle without counts, with a
 // Retry-After, set at now, and the k probes, gap apart, that follow it.
 func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
-	st.from, st.holdEnd, st.gap, st.probes, st.granted, st.turns = now, until, gap, k, 0, [stormProbes]time.Time{}
+	st.from, st.holdEnd, st.gap, st.probes, st.granted = now, until, gap, k, 0
+	st.turns, st.due = [stormProbes]time.Time{}, [stormProbes]time.Time{}
 	if k == 0 {
 		st.gap = 0
 	}
@@ -811,7 +813,10 @@ func (st *storm) space(now time.Time) time.Time {
 	if st.gap == 0 || now.Before(st.holdEnd) || st.granted >= st.probes || now.Before(st.until) {
 		return time.Time{}
 	}
-	st.turns[st.granted] = now
+	st.turns[st.granted], st.due[st.granted] = now, st.holdEnd
+	if st.granted > 0 {
+		st.due[st.granted] = st.turns[st.granted-1].Add(st.gap)
+	}
 	st.granted++
 	if st.granted < st.probes {
 		return now.Add(st.gap)
@@ -819,14 +824,18 @@ func (st *storm) space(now time.Time) time.Time {
 	return time.Time{}
 }
 
-// atTurn reports whether a request sent at sent went at a probe's turn at
-// (zero for none), the next turn being a unit later: from a moment before
-// the turn (a fleet's turns are on Redis's clock, their wait counted from a
-// reply) until nearly the next. (A waiter woken late by a busy process
-// still sends first after its turn; counted from the hold's end instead,
-// the first request after a hold sent 8 ms late at 70/s was not a probe.)
-func atTurn(sent, at time.Time, unit time.Duration) bool {
-	return !at.IsZero() && !sent.Before(at.Add(-2*time.Millisecond)) && sent.Before(at.Add(max(unit/2, unit-time.Millisecond)))
+// atTurn reports whether a request sent at sent went at a probe's turn,
+// granted at at (zero for none) and due at due, the next request being due
+// a unit after it: from a moment before the turn (a fleet's turns are on
+// Redis's clock, their wait counted from a reply) until nearly the next.
+// (A waiter woken late by a busy process still sends first; counted from
+// the hold's end instead, the first request after a hold sent 8 ms late at
+// 70/s was not a probe. But a limiter that keeps its pace whatever the
+// timer slack sends the next one a unit after the first was due, not after
+// it went: 4 ms after it there, which a burst of one refuses.)
+func atTurn(sent, at, due time.Time, unit time.Duration) bool {
+	margin := 2 * time.Millisecond
+	return !at.IsZero() && !sent.Before(at.Add(-margin)) && sent.Before(due.Add(max(unit/2, unit-margin)))
 }
 
 // after reports where a request sent at sent falls after the last hold, at
@@ -840,8 +849,8 @@ func (st *storm) after(sent time.Time, rate float64) (probe, first bool) {
 	}
 	unit := time.Duration(float64(time.Second) / rate)
 	u := min(st.gap, unit)
-	for _, at := range st.turns[:st.granted] {
-		probe = probe || atTurn(sent, at, u)
+	for i, at := range st.turns[:st.granted] {
+		probe = probe || atTurn(sent, at, st.due[i], u)
 	}
 	last := st.holdEnd.Add(time.Duration(st.probes-1) * st.gap)
 	if st.granted > 0 {

@@ -503,19 +503,6 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
-			// (Within half a unit of the hold's end, where a fleet's probe
-			// may be sent as an instance measures it.)
-			name: "a refusal of a request sent before the hold was decided is about the quota",
-			steps: []sig{
-				throttle(0, 0, 3*ms),
-				throttle(10*ms, -1*ms, s), // sent before the first throttle was read
-			},
-			wants: []want{
-				{hold: 3 * ms, notBefore: 3 * ms, rate: 70, why: "throttled"},
-				{hold: 10*ms + s, notBefore: 10*ms + s, rate: 70},
-			},
-		},
-		{
 			name:  "an advertised limit sets the rate at once",
 			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
 			wants: []want{{rate: 50, why: "advertised"}},
@@ -1234,6 +1221,17 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		d := st.learn(&cfg, throttle(2040*ms, 2030*ms, s).signal())
 		require.Equal(t, "storm", d.Why)
 		assert.Equal(t, []time.Duration{2130 * ms, 2130 * ms}, spends(&st, &cfg, 2130*ms, 2140*ms))
+	})
+	t.Run("none sent before the hold was decided", func(t *testing.T) {
+		// (Within half a unit of the hold's end, where a fleet's probe may
+		// be sent as an instance measures it.)
+		cfg := settings(100)
+		var st ctlState
+		d := st.learn(&cfg, throttle(0, 0, 3*ms).signal())
+		require.Equal(t, at(3*ms), d.Hold)
+		d = st.learn(&cfg, throttle(10*ms, -1*ms, s).signal()) // sent before the first throttle was read
+		assert.Equal(t, at(10*ms+s), d.Hold, "a hold: about the quota")
+		assert.Empty(t, d.Why, "and the same episode: not a storm")
 	})
 	t.Run("none after a hold with counts", func(t *testing.T) {
 		cfg := settings(100)

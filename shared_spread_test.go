@@ -140,7 +140,9 @@ func TestSharedRaiseBringsTurnsIn(t *testing.T) {
 			last := done[waiters-1]
 			t.Logf("raise at %v; the last turn due at %v, brought in to %v; it went at %v",
 				at.Sub(start), lastDue.Sub(start), brought.Sub(start), last.Sub(start))
-			assert.True(t, last.Before(brought.Add(60*time.Millisecond)), "the last turn goes at the new rate")
+			// (Within 150 ms: a busy machine wakes a waiter late; at the old
+			// rate it would go 500 ms later.)
+			assert.True(t, last.Before(brought.Add(150*time.Millisecond)), "the last turn goes at the new rate")
 			assert.True(t, last.After(brought.Add(-40*time.Millisecond)), "paced still, not at once")
 			// The last five gaps, 10 ms each at the new rate: 50 ms, less a
 			// waiter woken late on a busy machine.

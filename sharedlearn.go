@@ -309,7 +309,7 @@ func (l *learntRate) probe(sent time.Time, floor float64) bool {
 	}
 	u := min(gap, time.Duration(float64(time.Second)/l.rate))
 	for _, at := range l.probes {
-		if atTurn(sent, at, u) {
+		if atTurn(sent, at, at, u) {
 			return true
 		}
 	}
