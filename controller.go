@@ -743,7 +743,6 @@ type storm struct {
 	probes  int                    // how many probes follow holdEnd
 	granted int                    // how many of them the limiter granted (see space)
 	turns   [stormProbes]time.Time // when it granted them
-	due     [stormProbes]time.Time // the earliest each could go: the next request is due a unit after
 	armed   time.Time              // a sign was seen: the holds until then have stormProbes probes
 	until   time.Time              // throttles without counts are not about the quota until then
 }
@@ -771,14 +770,20 @@ const (
 // none without a floor; after the first, as many as stormProbeSpan, or the
 // hold's own length when shorter, has room for.
 func probing(floor float64, hold time.Duration) (int, time.Duration) {
-	if !(floor > 0) || math.IsInf(floor, 0) || hold <= 0 {
-		return 0, 0
-	}
-	gap := time.Duration(float64(time.Second) / floor)
-	if gap <= 0 {
+	gap := probeGap(floor)
+	if gap <= 0 || hold <= 0 {
 		return 0, 0
 	}
 	return 1 + int(min(stormProbes-1, int64(min(stormProbeSpan, hold)/gap))), gap
+}
+
+// probeGap is the gap between probes: a unit at floor units per second; 0
+// without a floor.
+func probeGap(floor float64) time.Duration {
+	if !(floor > 0) || math.IsInf(floor, 0) {
+		return 0
+	}
+	return max(time.Duration(float64(time.Second)/floor), 0)
 }
 
 // probing returns how many probes follow a hold until until decided at
@@ -799,8 +804,7 @@ func (st *storm) probing(now, until time.Time, floor float64) (int, time.Duratio
 // held records a hold until until that a throttle without counts, with a
 // Retry-After, set at now, and the k probes, gap apart, that follow it.
 func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
-	st.from, st.holdEnd, st.gap, st.probes, st.granted = now, until, gap, k, 0
-	st.turns, st.due = [stormProbes]time.Time{}, [stormProbes]time.Time{}
+	st.from, st.holdEnd, st.gap, st.probes, st.granted, st.turns = now, until, gap, k, 0, [stormProbes]time.Time{}
 	if k == 0 {
 		st.gap = 0
 	}
@@ -813,10 +817,7 @@ func (st *storm) space(now time.Time) time.Time {
 	if st.gap == 0 || now.Before(st.holdEnd) || st.granted >= st.probes || now.Before(st.until) {
 		return time.Time{}
 	}
-	st.turns[st.granted], st.due[st.granted] = now, st.holdEnd
-	if st.granted > 0 {
-		st.due[st.granted] = st.turns[st.granted-1].Add(st.gap)
-	}
+	st.turns[st.granted] = now
 	st.granted++
 	if st.granted < st.probes {
 		return now.Add(st.gap)
@@ -849,8 +850,10 @@ func (st *storm) after(sent time.Time, rate float64) (probe, first bool) {
 	}
 	unit := time.Duration(float64(time.Second) / rate)
 	u := min(st.gap, unit)
-	for i, at := range st.turns[:st.granted] {
-		probe = probe || atTurn(sent, at, st.due[i], u)
+	due := st.holdEnd // the earliest the first could go; each next, a gap after the one before
+	for _, at := range st.turns[:st.granted] {
+		probe = probe || atTurn(sent, at, due, u)
+		due = at.Add(st.gap)
 	}
 	last := st.holdEnd.Add(time.Duration(st.probes-1) * st.gap)
 	if st.granted > 0 {

@@ -183,8 +183,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	// A hold heard from the fleet counts as this instance's own: the
 	// probes after it tell a storm apart as well.
 	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
-		_, gap := probing(s.learn.floor, pm.until.Sub(pm.heard))
-		l.storm.held(pm.heard, pm.until, pm.probes, gap)
+		l.storm.held(pm.heard, pm.until, pm.probes, probeGap(s.learn.floor))
 	}
 	stormStarts, sign := false, false
 	if ev == evExhausted && !hasQ {
@@ -263,8 +262,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		l.storm.until = now.Add(stormTTL) // another instance saw the storm
 	}
 	if c.held > 0 && c.probes > 0 {
-		_, gap := probing(s.learn.floor, d.Hold.Sub(sig.Now))
-		l.storm.held(sig.Now, d.Hold, c.probes, gap)
+		l.storm.held(sig.Now, d.Hold, c.probes, probeGap(s.learn.floor))
 	}
 	if hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
 		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
@@ -303,7 +301,7 @@ func (s *shared) probedLocked(id string, at time.Time) {
 // instance's probe turns (see atTurn), at the floor rate or at the key's,
 // whichever is less.
 func (l *learntRate) probe(sent time.Time, floor float64) bool {
-	_, gap := probing(floor, time.Hour)
+	gap := probeGap(floor)
 	if gap == 0 || !(l.rate > 0) {
 		return false
 	}
