@@ -6,10 +6,13 @@ GO ?= go
 test: setup vet race fuzz wallclock otel
 
 # The wall-clock suites: real timers at real rates, fleets of processes,
-# adaptive fleets learning a provider's limit, Redis failovers. Their own
-# step, last; everything else runs on fake clocks or real
-# Redis and finishes in about a minute.
-WALLCLOCK = ^Test(RealTime|Fleet|Adaptive(Fleet|Local)|Failover)
+# adaptive fleets learning a provider's limit, Redis failovers, and the
+# shared limiters' turns and the storms' probes timed to a few
+# milliseconds. Their own step, last, with no other package's tests beside
+# them (go test ./... runs two packages at once: a turn timed beside them
+# came 5 ms late with no stall of its own process to show for it).
+# Everything else runs on fake clocks or real Redis.
+WALLCLOCK = ^Test(RealTime|Fleet|Adaptive(Fleet|Local)|Failover|Shared(LeakyBucketExact|TokenBucketExact|Bucket|RaiseBringsTurnsIn|DecreaseSpreadsGivenTurns)|ProbesAfterAHold|SmallBurstIsNoStorm|StormIsTold)
 
 # The Redis tests run against a real redis-server on a loopback port; install
 # the Debian package when it is missing (as root, or through sudo).
