@@ -535,10 +535,21 @@ func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
 // room level it off at that measured rate too, when it is lower than the
 // key's: before the bucket is empty, while the requests sent at the
 // higher rate still find room.
+//
+// A bucket of one unit (its limit under 2) shows 0 after every request it
+// accepts, full before it or not, sent to under its limit or over it: its
+// counts tell nothing of room, and the climb goes at its own pace, to the
+// refusal that tells the limit. (Levelled off by its counts of 0, a key
+// sent to a provider enforcing 62/s with a burst of 1 stayed at the rate
+// of its last decrease, and each refusal after lowered it further: 47/s,
+// then 42/s, 38/s, in the fleet benchmark's scenario E.)
 func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, rate float64) bool {
 	now, sent := s.Now, s.SentAt
 	if sent.IsZero() {
 		sent = now
+	}
+	if q.HasLimit && q.Limit < 2 {
+		return false
 	}
 	if !cfg.discover || st.climb.IsZero() || !now.After(st.climb) || rate >= cfg.configured {
 		st.drain.count(sent, q) // not climbing back

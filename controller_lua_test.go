@@ -333,31 +333,48 @@ func sharedBesideGo(t *testing.T, name string, carry bool) (*SharedTokenBucket, 
 
 // TestSharedBucketLevelsOff: climbing back after a decrease, a success
 // that says the provider's bucket has no room left levels the fleet's
-// climb off at the rate it has reached, as the Go controller levels off.
+// climb off at the rate it has reached, as the Go controller levels off;
+// unless the bucket holds one unit, which says 0 after every request.
 func TestSharedBucketLevelsOff(t *testing.T) {
-	ctx := context.Background()
-	l, cfg, goSt, learn := sharedBesideGo(t, "level", false)
-	bucket := Quota{Remaining: 5, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}
-	start := time.Now()
-	// A refusal: 70/s, climbing back to 100 (K = 3.9 s).
-	refusal := bucket
-	refusal.Remaining = 0
-	learn(Signal{Now: start, SentAt: start, Status: 429, RetryAfter: 0, HasRetryAfter: true, Quotas: []Quota{refusal}})
-	time.Sleep(500 * time.Millisecond)
-	// No room left at about 80/s: the climb levels off.
-	now := time.Now()
-	full := bucket
-	full.Remaining = 0
-	learn(Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{full}})
-	_, err := l.Wait(ctx, "k", 1, time.Second) // carries the report
-	require.NoError(t, err)
-	time.Sleep(500 * time.Millisecond)
-	_, err = l.Wait(ctx, "k", 1, time.Second)
-	require.NoError(t, err)
-	now = time.Now()
-	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
-	assert.Less(t, want, 82.0, "the Go controller levelled off (it would be at 88 climbing)")
-	assert.InDelta(t, want, got, 1.5, "the fleet's rate")
+	for _, tc := range []struct {
+		name  string
+		limit float64 // stated by the provider; 0 for none
+		lo    float64 // the Go controller's rate 1 s into the climb
+		hi    float64
+	}{
+		{"no room at about 80/s: the climb levels off", 0, 70, 82},
+		{"a bucket of one unit: the climb goes on", 1, 86, 90},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			l, cfg, goSt, learn := sharedBesideGo(t, "level", false)
+			bucket := Quota{Remaining: 5, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}
+			if tc.limit > 0 {
+				bucket.Limit, bucket.HasLimit = tc.limit, true
+			}
+			start := time.Now()
+			// A refusal: 70/s, climbing back to 100 (K = 3.9 s).
+			refusal := bucket
+			refusal.Remaining = 0
+			learn(Signal{Now: start, SentAt: start, Status: 429, RetryAfter: 0, HasRetryAfter: true, Quotas: []Quota{refusal}})
+			time.Sleep(500 * time.Millisecond)
+			// No room left at about 80/s.
+			now := time.Now()
+			full := bucket
+			full.Remaining = 0
+			learn(Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{full}})
+			_, err := l.Wait(ctx, "k", 1, time.Second) // carries the report
+			require.NoError(t, err)
+			time.Sleep(500 * time.Millisecond)
+			_, err = l.Wait(ctx, "k", 1, time.Second)
+			require.NoError(t, err)
+			now = time.Now()
+			got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+			assert.GreaterOrEqual(t, want, tc.lo, "the Go controller's rate (levelled off at about 80, climbing 88)")
+			assert.Less(t, want, tc.hi, "the Go controller's rate (levelled off at about 80, climbing 88)")
+			assert.InDelta(t, want, got, 1.5, "the fleet's rate")
+		})
+	}
 }
 
 // TestSharedBucketRoomClimbsFaster: as TestControllerRoomSteps, through
@@ -694,4 +711,33 @@ local k1, l1 = report('rg', now, 9, 1000000, 100000, sent, 0, base + 100000, 2, 
 local k2, l2 = report('rg', now, 9, 1000000, 100000, sent, 0, base + 100000, 2, 1000, now)
 return {string.format('%.0f', k1), string.format('%.0f', l1), string.format('%.0f', k2), string.format('%.0f', l2)}`)
 	assert.Equal(t, []float64{0, 9, 0, 0}, got, "keep (every turn given, less its own) and left: read at once, read late")
+}
+
+// TestSharedLearnsABucketFromItsGrants: more than twice a quota's limit
+// granted by the fleet within its reset (here 5 turns, a limit of 1 in
+// 1 s) shows a bucket; the script learns it while it applies the count of
+// the response that says 0 is left, and that response then holds nothing
+// (a bucket's success: the rate is the wait). The script once wrote the
+// shape it had read before that count back over the one it learnt, and
+// each such response held the fleet for a probe (100 ms): 9 a second,
+// for seconds, against a provider enforcing 62/s with a burst of 1.
+func TestSharedLearnsABucketFromItsGrants(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newSharedTB(t, srv.Client(t), "grants-shape", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+	for range 5 {
+		_, err := l.Wait(ctx, "k", 1, 0)
+		require.NoError(t, err)
+	}
+	now := time.Now()
+	d := l.Learn(ctx, "k", Signal{Now: now, SentAt: now.Add(-2 * time.Millisecond), Status: 200, Quotas: []Quota{{
+		Limit: 1, HasLimit: true, Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true,
+	}}})
+	require.NoError(t, d.Err)
+	assert.True(t, d.Hold.IsZero(), "a bucket's success holds nothing; held %v", d.Hold.Sub(now))
+	l.mu.Lock()
+	lr := l.learnt.m[keyID("k")]
+	l.mu.Unlock()
+	require.NotNil(t, lr)
+	assert.Equal(t, shapeBucket, lr.shape)
 }

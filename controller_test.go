@@ -279,6 +279,33 @@ func ctlTables() []ctlTable {
 			},
 		},
 		func() ctlTable {
+			// A bucket of one unit (62/s, burst 1: full again in 16 ms, a
+			// reset of 1 s in whole seconds) shows 0 after every request it
+			// accepts. Its counts neither level the climb back off at the
+			// rate of the moment (a key so levelled off stayed there, each
+			// refusal lowering it further) nor speed it.
+			one := func(x sig) sig {
+				x.remaining, x.reset, x.quota, x.kind = 0, time.Second, 1, ResetKindBucket
+				return x
+			}
+			refused := one(throttle(s, s-10*ms, s))
+			return ctlTable{
+				name: "a bucket of one unit: its counts of 0 leave the climb back at its own pace",
+				steps: []sig{
+					one(ok(0, 0)),
+					refused,                   // by beta, held a unit at 100/s; the climb starts at the hold's end
+					one(ok(1500*ms, 1490*ms)), // 0.49 s into the climb: CUBIC's 79.9
+					one(ok(3*s, 2990*ms)),     // 1.99 s into it: 96.4
+				},
+				wants: []want{
+					{shape: shapeBucket, drain: true},
+					{shape: shapeBucket, hold: s + 10*ms, notBefore: 2 * s, rate: 70, why: "throttled"},
+					{shape: shapeBucket, drain: true, rate: 79.9},
+					{shape: shapeBucket, drain: true, rate: 96.4},
+				},
+			}
+		}(),
+		func() ctlTable {
 			// 21 acceptances within a second of a quota of 10 (reset 1 s):
 			// no window of 10 admits that many, even across its end.
 			tb := ctlTable{name: "more than twice the limit accepted within a second: a bucket, without a zero"}

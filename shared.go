@@ -266,7 +266,7 @@ type retimings struct {
 	n       int           // entries in ring
 	moved   chan struct{} // closed at the next change
 	waiting int           // waiters whose turns are to come
-	last    time.Time     // the last change heard, or waiter arrived
+	last    time.Time     // the last change heard, or waiter arrived, or lead waited (see lead)
 }
 
 // retiming is one change: a lowering (or, factor below 1, a raise) and

@@ -204,15 +204,25 @@ func (s *shared) lead(id string, l *batchLane) {
 		// waiters back until then: its queue's depth counts what is
 		// reserved in Redis, and a process that reserved for its waiters
 		// early would fill the fleet's queue with them.)
+		// A change of the key's rate moves the turns held (batchLane.retime)
+		// and so this call: a raise brings it in. (Kept to the old due, the
+		// waiters kept back reserved when the turns held at the old rate
+		// would have ended, half a second after those brought in.)
 		due := l.held.Add(-2*l.rtt - time.Millisecond)
 		if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); s.burst > 0 && cap.Before(due) {
 			due = cap
 		}
+		r := s.retimingsLocked(id, s.clock.Now())
+		r.last = maxTime(r.last, s.clock.Now())
+		moved := r.moved
 		s.mu.Unlock()
 		if d := due.Sub(s.clock.Now()); d > 0 {
 			t := s.clock.NewTimer(d)
 			select {
 			case <-t.C():
+			case <-moved:
+				t.Stop()
+				continue
 			case <-s.stop:
 				// Closed: the waiters still queued go to the fallback
 				// rather than wait for a call that will not come.

@@ -125,6 +125,9 @@ if ARGV[28] == '1' then
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   redis.call('HSET', KEYS[1], 'shape', shape)
   local keep, left = report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0, resolution(reset))
+  -- (report learns a bucket from how many the fleet was granted: the
+  -- shape written back below is the one it leaves)
+  shape = tonumber(redis.call('HGET', KEYS[1], 'shape')) or shape
   if keep and accepted then
     -- A bucket's count on a success: the fleet's bucket holds no more
     -- than it leaves (as in reserve.lua).

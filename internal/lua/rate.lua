@@ -292,12 +292,14 @@ end
 -- the rate); counts that fell by 2 or more with room left level it off at
 -- the refill rate too, when lower. A count that shows room (all but one
 -- unit of the limit left) runs the climb's clock 4 times as fast
--- (controller.go's roomy).
+-- (controller.go's roomy). A bucket of one unit (a limit under 2) shows 0
+-- after every request it accepts: its counts neither level nor speed it.
 local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim)
   local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist')
   local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
   local dra, drr, hist = tonumber(st[4] or ''), tonumber(st[5] or ''), tonumber(st[6] or '')
-  local climbing = discover > 0 and climb and now > climb and rate < configured
+  local oneUnit = lim and lim >= 0 and lim < 2
+  local climbing = discover > 0 and climb and now > climb and rate < configured and not oneUnit
   -- (by the reported request's send time: the turns up to it are those
   -- the provider had counted, whenever the report reaches the script)
   local at = sent
