@@ -260,6 +260,17 @@ func TestSharedBucketReportDrains(t *testing.T) {
 		assert.GreaterOrEqual(t, wait, 40*time.Millisecond-after-tolerance)
 		assert.LessOrEqual(t, wait, 40*time.Millisecond-before+tolerance)
 	})
+	t.Run("0 left, read 150 ms before it reaches Redis: the bucket refilled since, at the rate", func(t *testing.T) {
+		l := newSharedTB(t, srv.Client(t), "drain-late", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+		now := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", report(0, now, now)).Err)
+		time.Sleep(150 * time.Millisecond)
+		// The count goes with this reservation, as of when it was read:
+		// 15 units at 100/s have come since, the burst's 10 are there.
+		// (Drained as of now, the bucket was empty again.)
+		n, _ := atOnce(t, l)
+		assert.GreaterOrEqual(t, n, 9)
+	})
 }
 
 // TestSharedBudgetHoldsFromNow: while a key of a shape not known yet is

@@ -276,8 +276,14 @@ end
 -- drain applies what a bucket provider's count leaves (report's keep and
 -- left) to the fleet's, and returns the fleet's bucket's new tat (b units
 -- of tolerance at interval us a unit; it never adds any): it holds at most
--- keep units at now, as the provider's does once the turns the fleet was
--- given are spent (controller.go's Decision.drain; owing, below 0). rem is
+-- keep units as of read, when the response was read (us; now when nil),
+-- as the provider's does once the turns the fleet was given are spent
+-- (controller.go's Decision.drain; owing, below 0), and it has refilled
+-- at the key's rate since, as a local limiter drained when the response is
+-- read. (Drained as of now, a count that reached the script with this
+-- instance's next reservation, a tenth of a second later at 40/s over 4
+-- instances, owed the turns given meanwhile without the refill: the fleet
+-- sent 34/s at a rate of 38.) rem is
 -- the count itself (the provider's remaining), sent when its request was
 -- sent (us; -1 unknown), lim the provider's limit (-1 for none); rate is
 -- the key's, configured, discover and floor the limiter's. The rest is
@@ -294,7 +300,7 @@ end
 -- unit of the limit left) runs the climb's clock 4 times as fast
 -- (controller.go's roomy). A bucket of one unit (a limit under 2) shows 0
 -- after every request it accepts: its counts neither level nor speed it.
-local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim)
+local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim, read)
   local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist')
   local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
   local dra, drr, hist = tonumber(st[4] or ''), tonumber(st[5] or ''), tonumber(st[6] or '')
@@ -341,7 +347,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     end
     redis.call('HSET', key, 'room', string.format('%.0f', now), 'roomr', string.format('%.17g', rate))
   end
-  return math.max(tat, now + (b - keep) * interval)
+  return math.max(tat, math.min(read or now, now) + (b - keep) * interval)
 end
 
 -- retime applies a change of the key's rate from old to new to the turns

@@ -87,7 +87,7 @@ if reported then
   if keep then
     -- A bucket's count: the fleet's bucket holds no more than it leaves.
     local drained = drain(KEYS[3], tat, now, sent, keep, left, tonumber(ARGV[7]), math.max(burst, 1),
-      interval, rate, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[13]))
+      interval, rate, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[13]), read)
     if drained > tat then tat, changed = drained, true end
     -- The climb levelled off below the key's rate, or a count with room
     -- sped it up: the turns given before move (see retime in rate.lua),
