@@ -900,12 +900,10 @@ func (st *storm) notQuota(s *Signal, m *meter, probe, first bool) (other, entere
 }
 
 // minEstimateSamples and minEstimateRefusals are how many outcomes, and
-// refusals among them, the meter needs for an estimate; minEstimateSpan how
-// long before now some of them must have been sent.
+// refusals among them, the meter needs for an estimate.
 const (
 	minEstimateSamples  = 10
 	minEstimateRefusals = 3
-	minEstimateSpan     = 250 * time.Millisecond // how far back they go (see spans)
 )
 
 // estimate returns the limit the outcomes of the last second show: the
@@ -915,27 +913,10 @@ func (m *meter) estimate(now time.Time, w float64) (float64, bool) {
 	// Until the provider has refused several, the share it accepted is
 	// inflated by the burst it held when the key started sending: the
 	// first refusal comes exactly when that burst runs out.
-	if acc+ref < minEstimateSamples || ref < minEstimateRefusals || !m.spans(now, minEstimateSpan) {
+	if acc+ref < minEstimateSamples || ref < minEstimateRefusals {
 		return 0, false
 	}
 	return w * float64(acc) / float64(acc+ref), true
-}
-
-// spans reports whether some of the outcomes of the last second are of
-// requests sent d or more before now (by their slots). The share accepted
-// of requests sent at a steady rate tells the limit; of a burst, it tells
-// how much of the limiter's burst the provider's holds: a key that began
-// with a burst of 10 against a provider holding 1 (at 62/s) had 1 of 10
-// accepted, and an estimate of a tenth of its rate.
-func (m *meter) spans(now time.Time, d time.Duration) bool {
-	n := now.UnixNano() / int64(meterSlot)
-	last := now.Add(-d).UnixNano()/int64(meterSlot) - 1 // the last slot wholly d or more before now
-	for i, s := range m.slot {
-		if s > n-int64(len(m.slot)) && s <= last && m.accepted[i]+m.refused[i] > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // defaultLearn returns the learning settings of a limiter at rate r.

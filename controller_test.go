@@ -646,39 +646,6 @@ func TestControllerEstimate(t *testing.T) {
 	assert.Greater(t, k, 2.0, "the climb back to the aim takes seconds")
 }
 
-// TestControllerNoEstimateFromABurst: the share accepted of a burst tells
-// how much of it the provider's bucket held, not the provider's limit: a
-// key that begins with a burst of 10 against a provider that holds 1 (and
-// takes 62/s) has 1 of 10 accepted. A throttle then lowers by beta (70/s),
-// not to a tenth of the rate; half a second later, with requests sent at
-// the rate since, the share tells the limit.
-func TestControllerNoEstimateFromABurst(t *testing.T) {
-	cfg := defaultLearn(PerSecond(100))
-	var st ctlState
-	at := ctlEpoch.Add(time.Second)
-	for i := range 10 {
-		st.meter.add(at, i > 0, i == 0)
-	}
-	now := at.Add(5 * time.Millisecond)
-	d := st.learn(&cfg, &Signal{Now: now, SentAt: at, Status: 429})
-	assert.Equal(t, "throttled", d.Why)
-	assert.InDelta(t, 70, d.New.PerSecond(), 0.01, "by beta")
-
-	var later ctlState
-	for i := range 10 {
-		later.meter.add(at, i > 0, i == 0)
-	}
-	// Then half a second at 100/s, 33 of 50 accepted.
-	for i := range 50 {
-		later.meter.add(at.Add(time.Duration(i+1)*10*time.Millisecond), i%3 == 0, i%3 != 0)
-	}
-	now = at.Add(510 * time.Millisecond)
-	d = later.learn(&cfg, &Signal{Now: now, SentAt: now, Status: 429})
-	assert.Equal(t, "throttled", d.Why)
-	// (the throttle itself counts as a refusal)
-	assert.InDelta(t, 100*34.0/61*estimateMargin, d.New.PerSecond(), 0.5, "the share of the last second's outcomes")
-}
-
 // TestControllerCubic: the climb back is w0 at the decrease, the aim at K,
 // above it after, and never above the configured rate nor below the floor.
 func TestControllerCubic(t *testing.T) {

@@ -235,7 +235,7 @@ func TestRetimingsApply(t *testing.T) {
 // turns it was granted, estimate the limit when no instance has seen
 // enough refusals for an estimate of its own: a throttle after 4 of the
 // last second's 40 turns were refused lowers the rate to just under 36/40
-// of it, not by beta; unless the turns were a burst (see meter.spans).
+// of it, not by beta.
 func TestSharedFleetEstimate(t *testing.T) {
 	srv := redistest.Start(t)
 	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
@@ -267,27 +267,4 @@ func TestSharedFleetEstimate(t *testing.T) {
 	t.Logf("%v → %v", d.Old, d.New)
 	// 5 of the 40 turns refused (the last one counts too): 35/40 of the rate, less 8%.
 	assert.InDelta(t, old*35/40*0.92, d.New.PerSecond(), 1.5, "the fleet's estimate: 35/40 of %.1f/s, less the margin", old)
-
-	// The same refusals of a burst (10 turns at once, a quarter second
-	// back at least): they tell the provider's burst, not its limit, and
-	// the throttle lowers by beta, not to 5/10 of the rate.
-	c := newSharedTB(t, srv.Client(t), "estimate-burst", PerSecond(100), 10, opts...)
-	e := newSharedTB(t, srv.Client(t), "estimate-burst", PerSecond(100), 10, opts...)
-	for range 10 {
-		_, err := e.Wait(ctx, key, 1, 0)
-		require.NoError(t, err)
-	}
-	now = time.Now()
-	d = c.Learn(ctx, key, Signal{Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-time.Millisecond)})
-	require.Equal(t, "throttled", d.Why)
-	for range 3 {
-		now := time.Now()
-		e.Learn(ctx, key, Signal{Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-100 * time.Millisecond)})
-	}
-	time.Sleep(100 * time.Millisecond)
-	now = time.Now()
-	d = e.Learn(ctx, key, Signal{Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-time.Millisecond)})
-	require.Equal(t, "throttled", d.Why)
-	t.Logf("after a burst: %v → %v", d.Old, d.New)
-	assert.InDelta(t, d.Old.PerSecond()*0.7, d.New.PerSecond(), 1.5, "by beta, not the burst's share (5/10, less the margin: %.1f/s)", d.Old.PerSecond()*0.5*0.92)
 }

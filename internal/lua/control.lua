@@ -237,16 +237,9 @@ if exhausted then
     -- (an instance sees a share of the outcomes: too few, alone, for an
     -- estimate of its own). The lower of the two counts.
     -- (Since the ring began, when that is less than a second ago.)
-    -- (Only when the grants go back a quarter second: the share accepted
-    -- of a burst, as a key's first grants may be, tells the provider's
-    -- burst, not its limit; see meter.spans.)
     local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
     local g = nil
-    if hist then
-      local from = math.max(now - 1000000, hist)
-      local early = between(KEYS[1], from, now - 250000, hist)
-      if early and early > 0 then g = granted(KEYS[1], from, now, now, hist) end
-    end
+    if hist then g = granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) end
     local r = refusedLastSecond(KEYS[1], now)
     if g and g >= 10 and r >= 3 and r < g then
       local fleet = old * (g - r) / g
