@@ -197,6 +197,9 @@ type usageScan struct {
 	ended bool // a stream's end was read
 }
 
+// maxNumberLen is the longest number a cost is read from.
+const maxNumberLen = 32
+
 const (
 	scanKey uint8 = iota
 	scanColon
@@ -259,13 +262,15 @@ func (s *usageScan) feed(p []byte) {
 			for i < len(p) && ('0' <= p[i] && p[i] <= '9' || p[i] == '.') {
 				i++
 			}
-			if len(s.obj)+i <= 32 {
-				s.obj = append(s.obj, p[:i]...)
+			// (At most one byte past maxNumberLen is kept: a number that
+			// long is no cost, whether it came in one piece or several.)
+			if n := min(i, maxNumberLen+1-len(s.obj)); n > 0 {
+				s.obj = append(s.obj, p[:n]...)
 			}
 			if i == len(p) {
 				return
 			}
-			if f, err := strconv.ParseFloat(string(s.obj), 64); err == nil && f <= math.MaxInt32 {
+			if f, err := strconv.ParseFloat(string(s.obj), 64); err == nil && len(s.obj) <= maxNumberLen && f <= math.MaxInt32 {
 				if n := int(math.Ceil(f)); s.u.QueryCost == nil || *s.u.QueryCost < n {
 					s.u.QueryCost, s.found = &n, true
 				}
