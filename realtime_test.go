@@ -254,8 +254,9 @@ func TestRealTimeTokenBucketBurstThenSpaced(t *testing.T) {
 		burst, rel[burst-1].Sub(rel[0]), arr[burst-1].Sub(arr[0]), lo, mean, hi, arr[total-1].Sub(arr[0]))
 
 	// The last unit of the burst waits the transit margin (5 ms, see
-	// WithTransitMargin): it counts as a wait.
-	assert.Equal(t, int32(total-burst+1), waited.Load(), "the burst goes at once, the rest wait")
+	// WithTransitMargin): it counts as a wait, unless a busy machine made
+	// it ask that much after the first (its burst spread over 5.9 ms once).
+	assert.Contains(t, []int32{total - burst, total - burst + 1}, waited.Load(), "the burst goes at once, the rest wait")
 	assert.Less(t, rel[burst-1].Sub(rel[0]), interval, "the burst leaves together")
 	// After the burst, one per interval: never sooner (the window bound),
 	// not much later in all.
