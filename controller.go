@@ -548,11 +548,9 @@ func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, ra
 	if sent.IsZero() {
 		sent = now
 	}
-	if q.HasLimit && q.Limit < 2 {
-		return false
-	}
-	if !cfg.discover || st.climb.IsZero() || !now.After(st.climb) || rate >= cfg.configured {
-		st.drain.count(sent, q) // not climbing back
+	oneUnit := q.HasLimit && q.Limit < 2
+	if !cfg.discover || st.climb.IsZero() || !now.After(st.climb) || rate >= cfg.configured || oneUnit {
+		st.drain.count(sent, q) // not climbing back, or not steered by these counts (as drain in rate.lua)
 		return false
 	}
 	est, measured := st.drain.refills(sent, q.Remaining)

@@ -212,8 +212,9 @@ func (s *shared) lead(id string, l *batchLane) {
 		if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); s.burst > 0 && cap.Before(due) {
 			due = cap
 		}
-		r := s.retimingsLocked(id, s.clock.Now())
-		r.last = maxTime(r.last, s.clock.Now())
+		now := s.clock.Now()
+		r := s.retimingsLocked(id, now)
+		r.last = maxTime(r.last, now)
 		moved := r.moved
 		s.mu.Unlock()
 		if d := due.Sub(s.clock.Now()); d > 0 {
@@ -263,7 +264,7 @@ func (s *shared) lead(id string, l *batchLane) {
 
 		start := s.clock.Now()
 		results, paused, err := s.runReserve(id, batch)
-		now := s.clock.Now()
+		now = s.clock.Now()
 		s.mu.Lock()
 		l.rtt, l.called = now.Sub(start), now
 		if err == nil {
