@@ -130,6 +130,8 @@ func fleetWork(t *testing.T, spec fleettest.Spec) fleettest.Summary {
 	deadline := spec.Start.Add(spec.Duration)
 	var mu sync.Mutex // guards sum
 	var wg sync.WaitGroup
+	stall := make(chan time.Duration, 1)
+	go func() { stall <- fleettest.MeasureStall(deadline) }()
 	for range spec.Goroutines {
 		wg.Add(1)
 		go func() {
@@ -168,6 +170,7 @@ func fleetWork(t *testing.T, spec fleettest.Spec) fleettest.Summary {
 		}()
 	}
 	wg.Wait()
+	sum.Stall = <-stall
 
 	st := lim.Stats()
 	sum.RoundTrips, sum.Admitted, sum.Fallbacks = st.RoundTrips, st.Admitted, int(fallbacks.Load())
@@ -283,8 +286,8 @@ func (f *fleet) run(t *testing.T, specs []fleettest.Spec, start time.Time) []fle
 	}
 	sums := fleettest.Run(t, "^TestFleetWorker$", specs, fleetTimeout)
 	for _, s := range sums {
-		t.Logf("worker %d: sent %d, ok %d, errors %d, statuses %v, round trips %d, admitted %d, fallbacks %d, started late %v",
-			s.Worker, s.Sent, s.OK, s.Errors, s.Statuses, s.RoundTrips, s.Admitted, s.Fallbacks, s.StartLate.Round(time.Millisecond))
+		t.Logf("worker %d: sent %d, ok %d, errors %d, statuses %v, round trips %d, admitted %d, fallbacks %d, started late %v, stalled up to %v",
+			s.Worker, s.Sent, s.OK, s.Errors, s.Statuses, s.RoundTrips, s.Admitted, s.Fallbacks, s.StartLate.Round(time.Millisecond), s.Stall.Round(100*time.Microsecond))
 		assert.Zero(t, s.Errors, "worker %d: request errors; first: %s", s.Worker, s.FirstError)
 		assert.Zero(t, s.Fallbacks, "worker %d left shared mode: the fleet bound does not hold in fallback", s.Worker)
 	}
@@ -497,8 +500,20 @@ func TestFleetPacer(t *testing.T) {
 	t.Logf("1/rate %v; arrivals at the server: %v, ahead of schedule by at most %v; releases from the workers: %v, ahead by at most %v",
 		interval, g, ahead.Round(10*time.Microsecond), rg, relAhead.Round(10*time.Microsecond))
 	require.Greater(t, g.N, 100)
-	assert.LessOrEqual(t, relAhead, fleetStall, "releases ran ahead of one per 1/rate")
-	assert.LessOrEqual(t, ahead, fleetStall, "arrivals ran ahead of one per 1/rate")
+	// A stall of the whole machine longer than fleetStall (92 ms has been
+	// seen under -race) holds every worker's turns back, and they go at
+	// once after it; the workers' own sleeps overslept as much. So the
+	// bound grows with the longest of those, and a turn's length more at
+	// the server (a request released after the stall can be held up on its
+	// way too). A pacer that bunches its releases does so with no stall.
+	var stalled time.Duration
+	for _, s := range sums {
+		stalled = max(stalled, s.Stall)
+	}
+	relBound, arrBound := max(fleetStall, stalled+interval), max(fleetStall, stalled+2*interval)
+	t.Logf("the workers stalled up to %v: ahead by at most %v at the workers, %v at the server", stalled.Round(100*time.Microsecond), relBound, arrBound)
+	assert.LessOrEqual(t, relAhead, relBound, "releases ran ahead of one per 1/rate")
+	assert.LessOrEqual(t, ahead, arrBound, "arrivals ran ahead of one per 1/rate")
 	assert.GreaterOrEqual(t, g.P10, interval-p10Slack, "10th percentile of the gaps between arrivals")
 	assert.InDelta(t, float64(interval), float64(g.Mean), float64(interval)/20, "mean gap between arrivals")
 }

@@ -87,6 +87,26 @@ type Summary struct {
 	RoundTrips int64         // SharedStats.RoundTrips
 	Admitted   int64         // SharedStats.Admitted
 	StartLate  time.Duration // how late the worker was ready for Start (0 if on time)
+	Stall      time.Duration // the most a short sleep overslept while it sent (see MeasureStall)
+}
+
+// stallTick is the sleep MeasureStall repeats.
+const stallTick = 5 * time.Millisecond
+
+// MeasureStall sleeps stallTick over and over until deadline and returns
+// the most one sleep overslept: how long this process was kept from
+// running, which its timers, and so its releases, share. (A stall of the
+// whole machine holds every worker's turns back, and they go at once
+// after it: a run ahead of the schedule that no limiter could have
+// prevented.)
+func MeasureStall(deadline time.Time) time.Duration {
+	var most time.Duration
+	for time.Now().Before(deadline) {
+		t0 := time.Now()
+		time.Sleep(stallTick)
+		most = max(most, time.Since(t0)-stallTick)
+	}
+	return most
 }
 
 // ReadSpec returns the Spec of this process when it runs as a worker.
