@@ -199,3 +199,50 @@ func TestSharedHearsHolds(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, 0, j.probes, "a probe count out of range is none")
 }
+
+// TestSharedExtendedHoldKeepsItsProbes: a shared limiter reserves turns
+// ahead, so the probe after a hold can be granted before the hold ends. A
+// second throttle without counts that extends the hold (a refusal of the
+// same burst, answered a little later) keeps the probe granted: the next
+// turn after the hold's new end is no probe. (Counted afresh, the fleet
+// sent a second probe 14 ms after the first; a provider with a burst of
+// one refused it, and the storm was told by the limiter's own probes.)
+func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
+	for name, newShared := range bothShared() {
+		t.Run(name, func(t *testing.T) {
+			l := newShared(t, redistest.Start(t).Client(t), "extend")
+			const key = "api.example.com"
+			var s *shared
+			switch l := l.(type) {
+			case *SharedTokenBucket:
+				s = l.shared
+			case *SharedLeakyBucket:
+				s = l.shared
+			}
+			id := keyID(key)
+			throttle := func(sent time.Time) Decision {
+				return l.(Learner).Learn(context.Background(), key, Signal{
+					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: sent,
+					RetryAfter: 300 * time.Millisecond, HasRetryAfter: true,
+				})
+			}
+			reserve := func() reserved {
+				res, _, err := s.runReserve(id, []*pending{{cost: 1}})
+				require.NoError(t, err)
+				require.Len(t, res, 1)
+				return res[0]
+			}
+			sent := time.Now().Add(-time.Millisecond)
+			first := throttle(sent)
+			require.False(t, first.Hold.IsZero(), "the throttle holds the key: %+v", first)
+			probe := reserve()
+			assert.True(t, probe.probe, "the first turn after the hold is its probe: %+v", probe)
+
+			time.Sleep(5 * time.Millisecond)
+			second := throttle(sent) // the same burst's, answered later
+			require.True(t, second.Hold.After(first.Hold), "the second throttle extends the hold: %v, then %v", first.Hold, second.Hold)
+			next := reserve()
+			assert.False(t, next.probe, "the hold extended keeps its one probe, granted: %+v", next)
+		})
+	}
+}

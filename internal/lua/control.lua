@@ -214,12 +214,19 @@ if exhausted then
       local pst = redis.call('HMGET', KEYS[1], 'parm', 'ph', 'pk')
       local armed, last, lastk = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3])
       if cur > now and last and last > now and lastk then
+        -- It extends a hold not yet ended, and keeps its probes: those
+        -- granted already (turns are reserved ahead of the hold's end)
+        -- count, and the next, if any, still follows a gap after them.
+        -- (Counted afresh, a second probe was granted a few ms after the
+        -- first, and a provider with a burst of one refused it: a storm
+        -- told by its own probes.)
         pk = math.min(pk, math.max(lastk, 1))
-      elseif not (armed and armed > now) then
-        pk = 1
+        redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pg', string.format('%.0f', pg))
+      else
+        if not (armed and armed > now) then pk = 1 end
+        redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pc', 0, 'pg', string.format('%.0f', pg))
+        redis.call('HDEL', KEYS[1], 'pn')
       end
-      redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pc', 0, 'pg', string.format('%.0f', pg))
-      redis.call('HDEL', KEYS[1], 'pn')
       told = told .. ' p' .. pk
       probes = pk
     end
