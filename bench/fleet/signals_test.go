@@ -34,10 +34,11 @@ const (
 	stormShare     = 0.3                   // of the requests within the limit, in scenario C
 	stormWait      = 2 * time.Second       // the storm's Retry-After
 	settle         = 3 * time.Second       // 429s after it count against egress
-	stormSeed      = 7                     // seeds the provider's storm draws
+	stormSeed      = 7                     // seeds the provider's storm draws, unless signalsSeedEnv says
 	fifoSlack      = 1.3                   // scenario A: p99 at most this × the FIFO ideal
 	upTarget       = 0.9                   // scenario B': the raise is followed once 90% of the new rate is accepted in 1 s
 	signalsEnv     = "EGRESS_SIGNALS"      // set to run TestSignalScenarios without naming it in -run
+	signalsSeedEnv = "EGRESS_SIGNALS_SEED" // another seed for the provider's draws (which requests the storm refuses)
 	signalsOutEnv  = "EGRESS_SIGNALS_OUT"  // a path to write the tables to, as markdown
 	signalsName    = "TestSignalScenarios" // the test's name, for the -run gate
 )
@@ -175,7 +176,7 @@ func fleetOf(r signalRow) string {
 func signalScenarios() []signalScenario {
 	provider := func(r float64, b int, storm fakeapi.Storm) func(bool) fakeapi.Config {
 		return func(headers bool) fakeapi.Config {
-			c := fakeapi.Config{Rate: r, Burst: b, Latency: signalLatency, Storm: storm, Seed: stormSeed}
+			c := fakeapi.Config{Rate: r, Burst: b, Latency: signalLatency, Storm: storm, Seed: signalsSeed()}
 			if headers {
 				c.Dialect = fakeapi.IETFDraft
 			} else {
@@ -185,7 +186,7 @@ func signalScenarios() []signalScenario {
 		}
 	}
 	window := func(headers bool) fakeapi.Config {
-		c := fakeapi.Config{Limits: []fakeapi.Limit{fakeapi.Fixed(windowQuota, windowLength)}, Latency: signalLatency, Seed: stormSeed}
+		c := fakeapi.Config{Limits: []fakeapi.Limit{fakeapi.Fixed(windowQuota, windowLength)}, Latency: signalLatency, Seed: signalsSeed()}
 		if headers {
 			c.Dialect = fakeapi.GitHub
 		} else {
@@ -525,4 +526,17 @@ func closeBody(r *http.Request) error {
 		return nil
 	}
 	return r.Body.Close()
+}
+
+// signalsSeed is the seed of the providers' draws: stormSeed, or the one
+// signalsSeedEnv gives. (With one seed, the storm refuses the same
+// requests of every row that sends the same ones: a row's figure in C is
+// partly that draw's luck; other seeds show how much.)
+func signalsSeed() uint64 {
+	if v := os.Getenv(signalsSeedEnv); v != "" {
+		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+			return n
+		}
+	}
+	return stormSeed
 }
