@@ -219,11 +219,14 @@ func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
 			case *SharedLeakyBucket:
 				s = l.shared
 			}
+			require.NotNil(t, s)
 			id := keyID(key)
+			// (A hold of 2 s: the calls below come long before its end,
+			// on a busy machine too; nothing waits for it.)
 			throttle := func(sent time.Time) Decision {
 				return l.(Learner).Learn(context.Background(), key, Signal{
 					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: sent,
-					RetryAfter: 300 * time.Millisecond, HasRetryAfter: true,
+					RetryAfter: 2 * time.Second, HasRetryAfter: true,
 				})
 			}
 			reserve := func() reserved {
