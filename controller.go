@@ -726,7 +726,7 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 // Retry-After), each alone, the provider's bucket having refilled a unit
 // for it whatever its burst. The first request after the hold is one: the
 // wait the provider asked for gave it a unit. The holds after a sign of a
-// storm have stormProbes of them, each held a gap (a unit at the floor
+// storm have more (see probing), each held a gap (a unit at the floor
 // rate, which a limit at or above the floor refills) after the one before
 // (spend holds the key that long after each). A refused probe was not
 // refused for the quota: from then on, for stormTTL, such throttles delay
@@ -752,22 +752,28 @@ type storm struct {
 	probes  int                    // how many probes follow holdEnd
 	granted int                    // how many of them the limiter granted (see space)
 	turns   [stormProbes]time.Time // when it granted them
-	armed   time.Time              // a sign was seen: the holds until then have stormProbes probes
+	armed   time.Time              // a sign was seen: the holds until then have more probes (see probing)
 	until   time.Time              // throttles without counts are not about the quota until then
 }
 
 // stormProbes is how many requests after a hold are probes after a sign,
-// at most, and stormProbeSpan how long the gaps between them may take in
-// all: fewer at a low floor, and never longer than the hold itself (a key
-// configured under ten a second, at the default floor, has one probe: the
-// first request after the hold). stormFirst is how many of the first
-// requests after a hold (at the key's rate, after its probes) a refusal
-// among is a sign; stormTTL is how long a storm, or a sign, is believed
-// without new evidence; stormExit is the share of refusals, over at least
-// stormExitSamples outcomes in the last second, that ends a storm.
+// at most, and stormProbeShare the share of the hold their gaps may take in
+// all: a storm not told costs another hold, so its probes may cost a
+// quarter of one (at 100/s configured, whose floor's unit is 100 ms: three
+// probes after a hold of 1 s, six after one of 2 s; fewer at a low floor: a
+// key configured under ten a second, at the default floor, has one probe
+// after a hold of 1 s, the first request after it). stormFirst is how many
+// of the first requests after a hold (at the key's rate, after its probes)
+// a refusal among is a sign; stormTTL is how long a storm, or a sign, is
+// believed without new evidence; stormExit is the share of refusals, over
+// at least stormExitSamples outcomes in the last second, that ends a
+// storm. (With at most three probes, each hold telling the storm with a
+// chance of 0.66 at 30% refused, a storm with a Retry-After of 2 s was told
+// after four holds, 8 s, in one draw of five, and egress sent a third of
+// what a client that only waits each refused request's Retry-After sent.)
 const (
-	stormProbes      = 3
-	stormProbeSpan   = 500 * time.Millisecond
+	stormProbes      = 6
+	stormProbeShare  = 0.25
 	stormFirst       = 5
 	stormTTL         = time.Minute
 	stormExit        = 0.6
@@ -776,14 +782,14 @@ const (
 
 // probing returns how many requests are probes after a hold of length
 // hold, after a sign, and the gap between them, at floor units per second:
-// none without a floor; after the first, as many as stormProbeSpan, or the
-// hold's own length when shorter, has room for.
+// none without a floor; after the first, as many as stormProbeShare of the
+// hold has room for, up to stormProbes in all.
 func probing(floor float64, hold time.Duration) (int, time.Duration) {
 	gap := probeGap(floor)
 	if gap <= 0 || hold <= 0 {
 		return 0, 0
 	}
-	return 1 + int(min(stormProbes-1, int64(min(stormProbeSpan, hold)/gap))), gap
+	return 1 + int(min(stormProbes-1, int64(time.Duration(float64(hold)*stormProbeShare)/gap))), gap
 }
 
 // probeGap is the gap between probes: a unit at floor units per second; 0

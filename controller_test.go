@@ -1202,13 +1202,43 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 	}
 }
 
+// TestProbingTakesAShareOfTheHold: the probes after a hold, and their gap
+// (a unit at the floor rate), from the floor and the hold's length: their
+// gaps take at most a quarter of the hold, and they are stormProbes at
+// most. A storm not told costs another hold; the probes cost at most a
+// quarter of one.
+func TestProbingTakesAShareOfTheHold(t *testing.T) {
+	const ms, s = time.Millisecond, time.Second
+	for _, c := range []struct {
+		floor float64
+		hold  time.Duration
+		k     int
+		gap   time.Duration
+	}{
+		{10, 200 * ms, 1, 100 * ms}, // the first request after the hold only
+		{10, 800 * ms, 3, 100 * ms},
+		{10, s, 3, 100 * ms},
+		{10, 2 * s, 6, 100 * ms},
+		{10, 10 * s, stormProbes, 100 * ms},
+		{20, s, 6, 50 * ms},
+		{0.5, 2 * s, 1, 2 * s},
+		{0, s, 0, 0},  // no floor: no probes
+		{10, 0, 0, 0}, // no hold: none
+	} {
+		k, gap := probing(c.floor, c.hold)
+		assert.Equal(t, c.k, k, "probes after a hold of %v at a floor of %v/s", c.hold, c.floor)
+		assert.Equal(t, c.gap, gap, "their gap after a hold of %v at a floor of %v/s", c.hold, c.floor)
+	}
+}
+
 // TestControllerProbesAfterAHold: after a hold that a throttle without
 // counts set after a sign of a storm, spend parts the first requests
 // granted by a unit at the floor rate (three probes at 100/s configured,
 // whose floor is 10/s), and no others: none after the probes, none after a
 // hold without a sign (its one probe is the first request), none while a
 // storm is believed, none after a hold with counts; a key whose floor's
-// unit is longer than the probes may take (stormProbeSpan) has one probe.
+// unit is longer than the probes may take (a quarter of the hold:
+// stormProbeShare) has one probe.
 func TestControllerProbesAfterAHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
 	settings := func(r float64) learnConfig {
@@ -1269,7 +1299,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, []time.Duration{hold, hold}, spends(&st, &cfg, hold, hold+10*ms))
 	})
 	t.Run("one probe at a low floor", func(t *testing.T) {
-		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than stormProbeSpan
+		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than a quarter of the hold
 		var st ctlState
 		st.learn(&cfg, throttle(0, 0, s).signal())
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1300*ms))

@@ -18,9 +18,9 @@ import (
 // provider whose burst is a unit or two is not taken for a storm.
 
 // TestProbesAfterAHold: a throttle without counts holds the key for its
-// 200 ms Retry-After, and the second request after the hold is refused the
+// 1 s Retry-After, and the second request after the hold is refused the
 // same way: a sign of a storm, whose hold has three probes (at 100/s
-// configured: a floor of 10/s). Waiters queued meanwhile go after it, the
+// configured: a floor of 10/s; their gaps take a quarter of the hold). Waiters queued meanwhile go after it, the
 // first three a floor's unit (100 ms) apart, the rest at the key's rate
 // again; a probe refused the same way is a storm's: for every limiter of
 // the package that keeps a rate, local and shared.
@@ -49,7 +49,7 @@ func TestProbesAfterAHold(t *testing.T) {
 			throttle := func(sent time.Time) Decision {
 				return l.(Learner).Learn(context.Background(), key, Signal{
 					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: sent,
-					RetryAfter: 200 * time.Millisecond, HasRetryAfter: true,
+					RetryAfter: time.Second, HasRetryAfter: true,
 				})
 			}
 			d := throttle(time.Now().Add(-time.Millisecond))
