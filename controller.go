@@ -761,7 +761,7 @@ type storm struct {
 // all: a storm not told costs another hold, so its probes may cost a
 // quarter of one (at 100/s configured, whose floor's unit is 100 ms: three
 // probes after a hold of 1 s, six after one of 2 s; fewer at a low floor: a
-// key configured under ten a second, at the default floor, has one probe
+// key configured under forty a second, at the default floor, has one probe
 // after a hold of 1 s, the first request after it). stormFirst is how many
 // of the first requests after a hold (at the key's rate, after its probes)
 // a refusal among is a sign; stormTTL is how long a storm, or a sign, is
