@@ -802,18 +802,37 @@ func probeGap(floor float64) time.Duration {
 }
 
 // probing returns how many probes follow a hold until until decided at
-// now (stormProbes after a sign, one otherwise, none without a floor; a
-// hold that extends one not yet ended keeps its probes), and the gap
-// between them.
+// now (as many as probing says after a sign or after a long hold, one
+// otherwise, none without a floor; a hold that extends one not yet ended
+// keeps its probes), and the gap between them.
 func (st *storm) probing(now, until time.Time, floor float64) (int, time.Duration) {
 	k, gap := probing(floor, until.Sub(now))
 	switch {
 	case now.Before(st.holdEnd):
 		k = min(k, max(st.probes, 1))
-	case !now.Before(st.armed):
+	case !now.Before(st.armed) && !longHold(floor, until.Sub(now)):
 		k = min(k, 1)
 	}
 	return k, gap
+}
+
+// longHold reports whether a hold of length hold, that a throttle without
+// counts set with its Retry-After, is longer than any a provider's bucket
+// whose limit is at or above floor asks of a request sent early: the time
+// it takes to refill a unit, in whole seconds as Retry-After counts (1 s
+// at the default floor, a tenth of the configured rate, for a key
+// configured at ten a second or more). Such a hold is a window's reset, or
+// a throttle not about the rate (a storm of lock timeouts, load shedding,
+// maintenance); the climb's refusals of a bucket never set one. All its
+// probes follow it, sign or not: they cost a quarter of the hold at most,
+// and do not come back at every refusal of a climb. (With one probe after
+// an unarmed hold, a storm with a Retry-After of 2 s that refused none of
+// the first requests after a hold went untold for two holds or three, and
+// egress sent less than a client that waits each refused request's
+// Retry-After: BENCHMARKS §6.)
+func longHold(floor float64, hold time.Duration) bool {
+	gap := probeGap(floor)
+	return gap > 0 && hold > time.Duration(math.Ceil(gap.Seconds()))*time.Second
 }
 
 // held records a hold until until that a throttle without counts, with a

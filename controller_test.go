@@ -1231,6 +1231,30 @@ func TestProbingTakesAShareOfTheHold(t *testing.T) {
 	}
 }
 
+// TestLongHold: a hold is long, and all its probes follow it without a
+// sign, when it is longer than a unit at the floor rate rounded up to whole
+// seconds (the longest Retry-After a bucket at or above the floor gives a
+// request sent early).
+func TestLongHold(t *testing.T) {
+	const ms, s = time.Millisecond, time.Second
+	for _, c := range []struct {
+		floor float64
+		hold  time.Duration
+		long  bool
+	}{
+		{10, s, false},
+		{10, 1001 * ms, true},
+		{10, 2 * s, true},
+		{1.5, s, false}, // a unit of 667 ms: 1 s
+		{1.5, 2 * s, true},
+		{0.5, 2 * s, false}, // a unit of 2 s
+		{0.5, 3 * s, true},
+		{0, time.Hour, false}, // no floor: no probes
+	} {
+		assert.Equal(t, c.long, longHold(c.floor, c.hold), "a hold of %v at a floor of %v/s", c.hold, c.floor)
+	}
+}
+
 // TestControllerProbesAfterAHold: after a hold that a throttle without
 // counts set after a sign of a storm, spend parts the first requests
 // granted by a unit at the floor rate (three probes at 100/s configured,
@@ -1268,6 +1292,17 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		require.Equal(t, at(2030*ms), d.Hold)
 		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2230 * ms, 2230 * ms},
 			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2250*ms))
+	})
+	t.Run("all after a long hold, sign or not", func(t *testing.T) {
+		// A Retry-After of 2 s is longer than a bucket at the floor asks
+		// of a request sent early (see longHold): six probes, the most a
+		// quarter of the hold has room for.
+		cfg := settings(100)
+		var st ctlState
+		d := st.learn(&cfg, throttle(0, 0, 2*s).signal())
+		require.Equal(t, at(2*s), d.Hold)
+		assert.Equal(t, []time.Duration{2100 * ms, 2200 * ms, 2300 * ms, 2400 * ms, 2500 * ms, 2500 * ms, 2500 * ms},
+			spends(&st, &cfg, 2*s, 2100*ms, 2200*ms, 2300*ms, 2400*ms, 2500*ms, 2510*ms))
 	})
 	t.Run("none while a storm is believed", func(t *testing.T) {
 		cfg := settings(100)

@@ -356,11 +356,12 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	}
 	// The probes after a hold that a throttle without counts sets, after a
 	// sign (see storm): the script arms them for the fleet.
-	k, gap := 0, time.Duration(0)
+	k, gap, long := 0, time.Duration(0), false
 	if !hasQ && sig.HasRetryAfter {
 		k, gap = probing(s.learn.floor, sig.RetryAfter)
+		long = longHold(s.learn.floor, sig.RetryAfter)
 	}
-	args = append(args, rem, lim, unit, inFlight, flag(rep != nil), micros(gap), k, flag(sign))
+	args = append(args, rem, lim, unit, inFlight, flag(rep != nil), micros(gap), k, flag(sign), flag(long))
 	keys := s.redisKeys(id)
 	var reply []any
 	err := s.do(ctx, func(ctx context.Context) error {

@@ -218,21 +218,15 @@ func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := newShared(t, redistest.Start(t).Client(t), "extend")
 			const key = "api.example.com"
-			var s *shared
-			switch l := l.(type) {
-			case *SharedTokenBucket:
-				s = l.shared
-			case *SharedLeakyBucket:
-				s = l.shared
-			}
-			require.NotNil(t, s)
+			s := sharedOf(l)
 			id := keyID(key)
-			// (A hold of 2 s: the calls below come long before its end,
-			// on a busy machine too; nothing waits for it.)
+			// (A hold of 1 s, one probe: no sign, and not long, see
+			// longHold. The calls below come long before its end, on a
+			// busy machine too; nothing waits for it.)
 			throttle := func(sent time.Time) Decision {
 				return l.(Learner).Learn(context.Background(), key, Signal{
 					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: sent,
-					RetryAfter: 2 * time.Second, HasRetryAfter: true,
+					RetryAfter: time.Second, HasRetryAfter: true,
 				})
 			}
 			reserve := func() reserved {
@@ -254,4 +248,54 @@ func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
 			assert.False(t, next.probe, "the hold extended keeps its one probe, granted: %+v", next)
 		})
 	}
+}
+
+// TestSharedLongHoldHasItsProbes: a throttle without counts whose
+// Retry-After (2 s) is longer than a bucket at the floor (10/s at 100/s
+// configured) asks of a request sent early is followed by all its probes,
+// with no sign before it (see longHold): the fleet's first six turns after
+// the hold are probes, a floor's unit (100 ms) apart, and the seventh is
+// not. One of 1 s has one probe.
+func TestSharedLongHoldHasItsProbes(t *testing.T) {
+	for name, newShared := range bothShared() {
+		t.Run(name, func(t *testing.T) {
+			for _, c := range []struct {
+				retryAfter time.Duration
+				probes     int
+			}{{2 * time.Second, 6}, {time.Second, 1}} {
+				l := newShared(t, redistest.Start(t).Client(t), "long")
+				s := sharedOf(l)
+				const key = "api.example.com"
+				id := keyID(key)
+				d := l.(Learner).Learn(context.Background(), key, Signal{
+					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: time.Now().Add(-time.Millisecond),
+					RetryAfter: c.retryAfter, HasRetryAfter: true,
+				})
+				require.False(t, d.Hold.IsZero(), "the throttle holds the key: %+v", d)
+				var turns []time.Time
+				for i := range c.probes + 1 {
+					res, _, err := s.runReserve(id, []*pending{{cost: 1}})
+					require.NoError(t, err)
+					require.Len(t, res, 1)
+					assert.Equal(t, i < c.probes, res[0].probe, "turn %d after a hold of %v: a probe while there are %d", i+1, c.retryAfter, c.probes)
+					turns = append(turns, res[0].at.Add(res[0].wait))
+				}
+				for i := 1; i < c.probes; i++ {
+					assert.InDelta(t, 100*time.Millisecond, turns[i].Sub(turns[i-1]), float64(5*time.Millisecond), "probe %d a floor's unit after the one before", i+1)
+				}
+			}
+		})
+	}
+}
+
+// sharedOf returns the shared state of one of the package's shared
+// limiters.
+func sharedOf(l Limiter) *shared {
+	switch l := l.(type) {
+	case *SharedTokenBucket:
+		return l.shared
+	case *SharedLeakyBucket:
+		return l.shared
+	}
+	panic("not a shared limiter")
 }

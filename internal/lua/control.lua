@@ -52,6 +52,8 @@
 -- ARGV[31] 1 when the response is a sign of a storm (a refusal among the
 --          first requests after such a hold), which arms the probes of the
 --          holds for ARGV[23] us, fleet-wide; else 0
+-- ARGV[32] 1 when the hold is long (longHold in controller.go): all its
+--          probes follow it, sign or not; else 0
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape, 1 while a storm is believed
@@ -210,21 +212,24 @@ if exhausted then
     if ARGV[22] == '1' and pk > 0 then
       -- A throttle without counts: probes follow, a gap apart (see storm
       -- in controller.go), the first at the hold's end; more than one
-      -- after a sign only.
+      -- after a sign, or a long hold, only.
       local pst = redis.call('HMGET', KEYS[1], 'parm', 'ph', 'pk')
       local armed, last, lastk = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3])
-      if cur > now and last and last > now and lastk then
-        -- It extends a hold not yet ended, and keeps its probes: those
-        -- granted already (turns are reserved ahead of the hold's end)
-        -- count, and the next, if any, still follows a gap after them.
-        -- (Counted afresh, a second probe was granted a few ms after the
-        -- first, and a provider with a burst of one refused it: a storm
-        -- told by its own probes.)
+      -- A hold that extends one not yet ended keeps its probes: those
+      -- granted already (turns are reserved ahead of the hold's end)
+      -- count, and the next, if any, still follows a gap after them.
+      -- (Counted afresh, a second probe was granted a few ms after the
+      -- first, and a provider with a burst of one refused it: a storm told
+      -- by its own probes.)
+      local extends = cur > now and last and last > now and lastk
+      if extends then
         pk = math.min(pk, math.max(lastk, 1))
-        redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pg', string.format('%.0f', pg))
-      else
-        if not (armed and armed > now) then pk = 1 end
-        redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pc', 0, 'pg', string.format('%.0f', pg))
+      elseif ARGV[32] ~= '1' and not (armed and armed > now) then
+        pk = 1
+      end
+      redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pg', string.format('%.0f', pg))
+      if not extends then
+        redis.call('HSET', KEYS[1], 'pc', 0)
         redis.call('HDEL', KEYS[1], 'pn')
       end
       told = told .. ' p' .. pk
