@@ -196,7 +196,7 @@ func signalScenarios() []signalScenario {
 	}
 	ideal := time.Duration(float64(signalWorkers) / signalRate * float64(time.Second))
 	storm := fakeapi.Storm{Share: stormShare, RetryAfter: stormWait}
-	return []signalScenario{
+	scs := []signalScenario{
 		{
 			id: "A", title: "The right limit: 100/s, burst 10, at the provider and in the clients",
 			rate: signalRate, burst: signalBurst, providerOf: provider(signalRate, signalBurst, fakeapi.Storm{}),
@@ -299,6 +299,37 @@ func signalScenarios() []signalScenario {
 			},
 		},
 	}
+	return append(scs, unsaid(scs[3], scs[5], provider)...)
+}
+
+// unsaid returns the scenarios whose throttles say nothing of how long to
+// wait: F, C's storm answered with a bare 429 (no Retry-After); G, E's
+// limit behind nginx's limit_req without a burst, whose refusals carry
+// no Retry-After either (with the headers on, the provider's RateLimit-*
+// still say it). Without the headers nothing tells them apart: a client
+// that holds its fleet, or lowers its rate, at every such 429 sends a
+// fraction of what one that backs off each refused request sends (F),
+// and one that takes them for a storm hammers the provider (G).
+func unsaid(c, e signalScenario, provider func(float64, int, fakeapi.Storm) func(bool) fakeapi.Config) []signalScenario {
+	quiet := func(of func(bool) fakeapi.Config) func(bool) fakeapi.Config {
+		return func(headers bool) fakeapi.Config {
+			cfg := of(headers)
+			cfg.NoRetryAfter = true
+			return cfg
+		}
+	}
+	f, g := c, e
+	f.id, f.storm = "F", fakeapi.Storm{Share: stormShare}
+	f.title = "C's storm without Retry-After: 30% of the requests within the limit answered a bare 429; 100/s, burst 10"
+	f.providerOf = quiet(provider(signalRate, signalBurst, f.storm))
+	f.intro = "As C, but the storm's 429s carry no Retry-After (a load balancer shedding load, a lock timeout). " +
+		"No target was set; C's measures, beside the peers."
+	g.id = "G"
+	g.title = fmt.Sprintf("E's provider behind nginx's limit_req: it enforces %g/s with no burst, and its refusals carry no Retry-After", oneRate)
+	g.providerOf = quiet(provider(oneRate, 1, fakeapi.Storm{}))
+	g.intro = "Clients configured at 100/s, burst 10, as in E. Without the headers the provider's 429s say nothing at all. " +
+		"No target was set; E's measures."
+	return []signalScenario{f, g}
 }
 
 // Scenario E: a provider whose burst is one.

@@ -134,7 +134,7 @@ func (api *API) writeHeaders(h http.Header, a *answer) {
 	if !bare && (d != IETF || api.cfg.Advertise) {
 		d.writeLimits(h, a)
 	}
-	if a.throttled() {
+	if a.throttled() && !(a.cause == causeRefused && api.cfg.NoRetryAfter) {
 		d.writeRetry(h, a)
 	}
 	if a.cause == causeBilling && d == OpenAI {

@@ -99,6 +99,11 @@ type Config struct {
 	// Unavailable is the share, in [0, 1], of the requests within the limit
 	// that are answered 503 Service Unavailable (without Retry-After).
 	Unavailable float64
+	// NoRetryAfter sends the limits' refusals without Retry-After or its
+	// kin, as nginx's limit_req does (with Advertise false and the IETF
+	// dialect, they carry nothing at all). A storm's 429s are as Storm
+	// says.
+	NoRetryAfter bool
 	// Seed seeds the draws of those 503s, of the storm and of the billing
 	// errors: the same seed and the same order of requests give the same
 	// draws.

@@ -241,6 +241,35 @@ func TestUnavailableHasNoRetryAfter(t *testing.T) {
 	assert.Empty(t, resp.Header.Get("Retry-After"))
 }
 
+// TestNoRetryAfter: with NoRetryAfter, a refusal carries no Retry-After
+// (nginx's limit_req), in the IETF dialect without Advertise nothing at
+// all, and in a dialect that states its limits, its counts still; a
+// storm's 429 keeps the Retry-After Storm gives.
+func TestNoRetryAfter(t *testing.T) {
+	t.Run("bare", func(t *testing.T) {
+		api, c := start(t, Config{Rate: 1, Burst: 1, NoRetryAfter: true})
+		ok, limited := charge(t, c, api), charge(t, c, api)
+		require.Equal(t, 200, ok.StatusCode)
+		require.Equal(t, 429, limited.StatusCode)
+		assert.Empty(t, limited.Header.Get("Retry-After"))
+		assert.Empty(t, limited.Header.Get("RateLimit"))
+	})
+	t.Run("with counts", func(t *testing.T) {
+		api, c := start(t, Config{Rate: 1, Burst: 1, Dialect: IETFDraft, NoRetryAfter: true})
+		charge(t, c, api)
+		limited := charge(t, c, api)
+		require.Equal(t, 429, limited.StatusCode)
+		assert.Empty(t, limited.Header.Get("Retry-After"))
+		assert.Equal(t, "0", limited.Header.Get("RateLimit-Remaining"))
+	})
+	t.Run("a storm's", func(t *testing.T) {
+		api, c := start(t, Config{Rate: 100, Burst: 10, NoRetryAfter: true, Storm: Storm{Share: 1, RetryAfter: 2 * time.Second}})
+		resp := charge(t, c, api)
+		require.Equal(t, 429, resp.StatusCode)
+		assert.Equal(t, "2", resp.Header.Get("Retry-After"))
+	})
+}
+
 func TestLatency(t *testing.T) {
 	const latency = 50 * time.Millisecond
 	api, c := start(t, Config{Rate: 1, Burst: 1, Latency: latency})
