@@ -86,10 +86,12 @@ type signalMeasure struct {
 // TestSignalScenarios runs the scenarios of "Signals, weighed" — the right
 // limit (A), a limit configured at twice the real one (B), a limit that
 // changes mid-run (B'), a storm of 429s that are not about the quota (C),
-// a fixed window (D) and a provider whose burst is one (E) — with each scenario's provider advertising its bucket and not, for
-// egress's four limiters and the peers, and prints one table per scenario.
-// It takes about eight minutes and runs only when asked: name it in -run,
-// or set EGRESS_SIGNALS=1.
+// a fixed window (D), a provider whose burst is one (E), and C and E whose
+// 429s say nothing of how long to wait (F, G: see unsaid) — with each
+// scenario's provider advertising its bucket and not, for egress's four
+// limiters and the peers, and prints one table per scenario. It takes
+// about seventeen minutes and runs only when asked: name it in -run, or
+// set EGRESS_SIGNALS=1.
 //
 //	cd bench && go test -run TestSignalScenarios -v ./fleet/ -count=1
 func TestSignalScenarios(t *testing.T) {
