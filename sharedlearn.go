@@ -355,7 +355,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		unit, inFlight = micros(rep.unit), rep.inFlight
 	}
 	// The probes after a hold that a throttle without counts sets, after a
-	// sign (see storm): the script arms them for the fleet.
+	// sign or a long hold (see storm): the script arms them for the fleet.
 	k, gap, long := 0, time.Duration(0), false
 	if !hasQ && sig.HasRetryAfter {
 		k, gap = probing(s.learn.floor, sig.RetryAfter)

@@ -281,7 +281,9 @@ func TestSharedLongHoldHasItsProbes(t *testing.T) {
 					turns = append(turns, res[0].at.Add(res[0].wait))
 				}
 				for i := 1; i < c.probes; i++ {
-					assert.InDelta(t, 100*time.Millisecond, turns[i].Sub(turns[i-1]), float64(5*time.Millisecond), "probe %d a floor's unit after the one before", i+1)
+					// (Each turn dated from its reply's receipt: a reply read late
+					// moves it on a busy machine.)
+					assert.InDelta(t, 100*time.Millisecond, turns[i].Sub(turns[i-1]), float64(20*time.Millisecond), "probe %d a floor's unit after the one before", i+1)
 				}
 			}
 		})
