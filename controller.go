@@ -245,7 +245,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// A hold only ever extends: Decision.Hold says it was.
 		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
 			st.hold, d.Hold = until, until
-			if !hasQ && s.HasRetryAfter {
+			if !hasQ {
 				k, gap := st.storm.probing(now, until, cfg.floor)
 				st.storm.held(now, until, k, gap)
 			}
@@ -365,7 +365,7 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		if s.HasRetryAfter {
 			return now.Add(s.RetryAfter)
 		}
-		return now.Add(time.Duration(float64(time.Second) / rate))
+		return now.Add(unsaid(cfg.floor, rate, !hasQ && s.throttled()))
 	}
 	reset := q.Reset
 	if q.Remaining-float64(s.InFlight) <= 0 && !st.zeroUntil.After(now) {
@@ -395,6 +395,21 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		st.budget = 1
 	}
 	return now.Add(max(s.RetryAfter, probeFor(reset, rate)))
+}
+
+// unsaid is how long a throttle without a Retry-After holds a key at rate
+// units per second: a unit at the rate; for one that says nothing at all
+// (bare: no count either), at least a unit at the floor rate, so that the
+// first request after the hold is a probe (see storm). (Held a unit at
+// the rate, a storm of bare 429s went untold, each of them lowered the
+// rate, and the key sent at its floor: a seventh of what a client that
+// only backs off sent.)
+func unsaid(floor, rate float64, bare bool) time.Duration {
+	unit := time.Duration(float64(time.Second) / rate)
+	if bare {
+		unit = max(unit, probeGap(floor))
+	}
+	return unit
 }
 
 // probeFor is how long a key of unknown shape whose quota is exhausted

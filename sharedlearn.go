@@ -357,9 +357,15 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	// The probes after a hold that a throttle without counts sets, after a
 	// sign or a long hold (see storm): the script arms them for the fleet.
 	k, gap, long := 0, time.Duration(0), false
-	if !hasQ && sig.HasRetryAfter {
-		k, gap = probing(s.learn.floor, sig.RetryAfter)
-		long = longHold(s.learn.floor, sig.RetryAfter)
+	if !hasQ && sig.throttled() {
+		// (The hold without a Retry-After is a unit at the floor rate, or
+		// at the key's, which is not below it: see unsaid.)
+		hold := probeGap(s.learn.floor)
+		if sig.HasRetryAfter {
+			hold = sig.RetryAfter
+		}
+		k, gap = probing(s.learn.floor, hold)
+		long = longHold(s.learn.floor, hold)
 	}
 	args = append(args, rem, lim, unit, inFlight, flag(rep != nil), micros(gap), k, flag(sign), flag(long))
 	keys := s.redisKeys(id)

@@ -164,7 +164,16 @@ if exhausted then
   local rateUnit = 1000000 / old
   local untilus
   if reset < 0 then
-    if ra >= 0 then untilus = now + ra else untilus = now + rateUnit end
+    if ra >= 0 then
+      untilus = now + ra
+    elseif ARGV[22] == '1' then
+      -- a throttle that says nothing at all: a unit at the floor rate
+      -- (the probes' gap) at least, so that the first request after the
+      -- hold is a probe (unsaid in controller.go)
+      untilus = now + math.max(rateUnit, tonumber(ARGV[29]))
+    else
+      untilus = now + rateUnit
+    end
   else
     if rem0 and not (zun and zun > now) then
       -- (the first zero counts until its reset; from the last turn the
@@ -198,10 +207,13 @@ if exhausted then
   local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
   if untilus > cur and untilus > now then
     redis.call('SET', KEYS[2], string.format('%.0f', untilus), 'PX', math.ceil((untilus - now) / 1000) + 1)
+    -- The last turn given before the hold (turn in rate.lua; a pacer's
+    -- tolerance is a unit).
+    local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+    local given = tat - math.max(burst, 1) * rateUnit
     -- The bucket is emptied as of the hold's end but for one unit, so that
     -- the fleet resumes at the rate rather than in a burst.
     if burst > 0 then
-      local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
       local drained = untilus + (burst - 1) * rateUnit
       if drained > tat then
         redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
@@ -230,7 +242,28 @@ if exhausted then
       redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pg', string.format('%.0f', pg))
       if not extends then
         redis.call('HSET', KEYS[1], 'pc', 0)
-        redis.call('HDEL', KEYS[1], 'pn')
+        if given >= untilus then
+          -- Turns given before the hold fall after its end, and go first:
+          -- the first probe goes a gap after the last of them, alone.
+          -- (Told as one, the first turn given after a pacer's queue
+          -- went right after its last, and a provider with a burst of
+          -- one refused it: a storm told by the fleet's own queue, after
+          -- a hold of a tenth of a second, shorter than the queue.)
+          -- (And the bucket is emptied as of then but for a unit, as it
+          -- is as of the hold's end: the burst it refilled meanwhile went
+          -- with the probe, at the same instant, and a provider with a
+          -- burst of one refused them all.)
+          local pn = given + pg
+          redis.call('HSET', KEYS[1], 'pn', string.format('%.0f', pn))
+          if burst > 0 then
+            local drained = pn + (burst - 1) * rateUnit
+            if drained > (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) then
+              redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
+            end
+          end
+        else
+          redis.call('HDEL', KEYS[1], 'pn')
+        end
       end
       told = told .. ' p' .. pk
       probes = pk
