@@ -737,8 +737,8 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 
 // storm tells throttles that carry no count and are not about the caller's
 // quota (a storm of lock timeouts, load shedding) from an exhausted quota,
-// by probes: requests sent after a hold that such a throttle set (with a
-// Retry-After), each alone, the provider's bucket having refilled a unit
+// by probes: requests sent after a hold that such a throttle set (for its
+// Retry-After, or see unsaid), each alone, the provider's bucket having refilled a unit
 // for it whatever its burst. The first request after the hold is one: the
 // wait the provider asked for gave it a unit. The holds after a sign of a
 // storm, and long holds (see longHold), have more (see probing), each held
@@ -851,8 +851,8 @@ func longHold(floor float64, hold time.Duration) bool {
 	return gap > 0 && hold > time.Duration(math.Ceil(gap.Seconds()))*time.Second
 }
 
-// held records a hold until until that a throttle without counts, with a
-// Retry-After, set at now, and the k probes, gap apart, that follow it.
+// held records a hold until until that a throttle without counts set at
+// now, and the k probes, gap apart, that follow it.
 func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
 	st.from, st.holdEnd, st.gap, st.probes, st.granted, st.turns = now, until, gap, k, 0, [stormProbes]time.Time{}
 	if k == 0 {

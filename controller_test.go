@@ -1231,6 +1231,17 @@ func TestProbingTakesAShareOfTheHold(t *testing.T) {
 	}
 }
 
+// TestUnsaid: a throttle without a Retry-After holds a key a unit at its
+// rate; one that says nothing at all (no count either), a unit at the
+// floor rate at least.
+func TestUnsaid(t *testing.T) {
+	const ms = time.Millisecond
+	assert.Equal(t, 100*ms, unsaid(10, 100, true))
+	assert.Equal(t, 10*ms, unsaid(10, 100, false))
+	assert.Equal(t, 500*ms, unsaid(2, 5, true), "a unit at the floor, longer than the key's")
+	assert.Equal(t, 10*ms, unsaid(0, 100, true), "no floor: the key's unit")
+}
+
 // TestLongHold: a hold is long, and all its probes follow it without a
 // sign, when it is longer than a unit at the floor rate rounded up to whole
 // seconds (the longest Retry-After a bucket at or above the floor gives a
@@ -1303,6 +1314,20 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		require.Equal(t, at(2*s), d.Hold)
 		assert.Equal(t, []time.Duration{2100 * ms, 2200 * ms, 2300 * ms, 2400 * ms, 2500 * ms, 2500 * ms, 2500 * ms},
 			spends(&st, &cfg, 2*s, 2100*ms, 2200*ms, 2300*ms, 2400*ms, 2500*ms, 2510*ms))
+	})
+	t.Run("one after a throttle that says nothing", func(t *testing.T) {
+		// No count, no Retry-After: held a unit at the floor rate (100
+		// ms), not one at the key's (14 ms at 70/s), so that the first
+		// request after the hold is a probe; refused the same way, a
+		// storm's (see unsaid).
+		cfg := settings(100)
+		var st ctlState
+		d := st.learn(&cfg, throttle(0, 0, -1).signal())
+		require.Equal(t, at(100*ms), d.Hold)
+		assert.Equal(t, []time.Duration{100 * ms, 100 * ms}, spends(&st, &cfg, 100*ms, 115*ms))
+		d = st.learn(&cfg, throttle(105*ms, 100*ms, -1).signal())
+		assert.Equal(t, "storm", d.Why, "the probe, refused: %+v", d)
+		assert.True(t, d.Hold.IsZero(), "a storm's throttle holds nothing: %+v", d)
 	})
 	t.Run("none while a storm is believed", func(t *testing.T) {
 		cfg := settings(100)

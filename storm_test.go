@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -285,6 +286,65 @@ func TestSharedLongHoldHasItsProbes(t *testing.T) {
 					// moves it on a busy machine.)
 					assert.InDelta(t, 100*time.Millisecond, turns[i].Sub(turns[i-1]), float64(20*time.Millisecond), "probe %d a floor's unit after the one before", i+1)
 				}
+			}
+		})
+	}
+}
+
+// TestSharedUnsaidThrottleHasAProbe: a throttle that says nothing at all
+// (no count, no Retry-After) holds the fleet a unit at the floor rate
+// (100 ms at 100/s configured), and the first turn after it is a probe.
+// When turns given before the hold fall after its end (a queue longer
+// than the hold), the probe goes a gap after the last of them, and the
+// next turn a unit after the probe, not with it (a bucket of ten does not
+// spend what it refilled meanwhile beside the probe). (Without discovery: a
+// decrease would spread the turns given at the new rate, from the hold's
+// end, and move them out of the probe's way by itself.)
+func TestSharedUnsaidThrottleHasAProbe(t *testing.T) {
+	opts := []SharedOption{WithCommandTimeout(roomyTimeout), WithoutDiscovery()}
+	for name, newShared := range map[string]func(t *testing.T, rdb redis.UniversalClient) Limiter{
+		"SharedTokenBucket": func(t *testing.T, rdb redis.UniversalClient) Limiter {
+			return newSharedTB(t, rdb, "unsaid", PerSecond(100), 10, opts...)
+		},
+		"SharedLeakyBucket": func(t *testing.T, rdb redis.UniversalClient) Limiter {
+			return newSharedLB(t, rdb, "unsaid", PerSecond(100), 64, opts...)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, queued := range []int{0, 30} {
+				l := newShared(t, redistest.Start(t).Client(t))
+				s := sharedOf(l)
+				const key = "api.example.com"
+				id := keyID(key)
+				reserve := func(n int) []reserved {
+					batch := make([]*pending, n)
+					for i := range batch {
+						batch[i] = &pending{cost: 1}
+					}
+					res, _, err := s.runReserve(id, batch)
+					require.NoError(t, err)
+					require.Len(t, res, n)
+					return res
+				}
+				turn := func(r reserved) time.Time { return r.at.Add(r.wait) }
+				var last time.Time
+				if queued > 0 {
+					given := reserve(queued)
+					last = turn(given[queued-1])
+				}
+				start := time.Now()
+				d := l.(Learner).Learn(context.Background(), key, Signal{
+					Status: http.StatusTooManyRequests, Now: start, SentAt: start.Add(-time.Millisecond),
+				})
+				require.False(t, d.Hold.IsZero(), "the throttle holds the key: %+v", d)
+				assert.InDelta(t, 100*time.Millisecond, d.Hold.Sub(start), float64(20*time.Millisecond), "held a unit at the floor rate")
+				next := reserve(2)
+				assert.True(t, next[0].probe, "%d queued: the first turn after the hold is a probe: %+v", queued, next[0])
+				assert.False(t, next[1].probe, "%d queued: one probe, without a sign", queued)
+				if queued > 0 {
+					assert.GreaterOrEqual(t, turn(next[0]).Sub(last), 90*time.Millisecond, "the probe a gap after the turns given before the hold")
+				}
+				assert.GreaterOrEqual(t, turn(next[1]).Sub(turn(next[0])), 8*time.Millisecond, "%d queued: the next turn a unit after the probe", queued)
 			}
 		})
 	}
