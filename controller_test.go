@@ -1206,7 +1206,10 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 // (a unit at the floor rate), from the floor and the hold's length: their
 // gaps take at most a quarter of the hold, and they are stormProbes at
 // most. A storm not told costs another hold; the probes cost at most a
-// quarter of one.
+// quarter of one. A hold is long, and all its probes follow it without a
+// sign, when it is longer than a unit at the floor rate rounded up to
+// whole seconds (the longest Retry-After a bucket at or above the floor
+// gives a request sent early: longHold).
 func TestProbingTakesAShareOfTheHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
 	for _, c := range []struct {
@@ -1214,20 +1217,27 @@ func TestProbingTakesAShareOfTheHold(t *testing.T) {
 		hold  time.Duration
 		k     int
 		gap   time.Duration
+		long  bool
 	}{
-		{10, 200 * ms, 1, 100 * ms}, // the first request after the hold only
-		{10, 800 * ms, 3, 100 * ms},
-		{10, s, 3, 100 * ms},
-		{10, 2 * s, 6, 100 * ms},
-		{10, 10 * s, stormProbes, 100 * ms},
-		{20, s, 6, 50 * ms},
-		{0.5, 2 * s, 1, 2 * s},
-		{0, s, 0, 0},  // no floor: no probes
-		{10, 0, 0, 0}, // no hold: none
+		{10, 200 * ms, 1, 100 * ms, false}, // the first request after the hold only
+		{10, 800 * ms, 3, 100 * ms, false},
+		{10, s, 3, 100 * ms, false},
+		{10, 1001 * ms, 3, 100 * ms, true},
+		{10, 2 * s, 6, 100 * ms, true},
+		{10, 10 * s, stormProbes, 100 * ms, true},
+		{20, s, 6, 50 * ms, false},
+		{1.5, s, 1, 666666666, false}, // a unit of 667 ms: 1 s
+		{1.5, 2 * s, 1, 666666666, true},
+		{0.5, 2 * s, 1, 2 * s, false}, // a unit of 2 s
+		{0.5, 3 * s, 1, 2 * s, true},
+		{0, s, 0, 0, false},         // no floor: no probes
+		{0, time.Hour, 0, 0, false}, // nor a long hold
+		{10, 0, 0, 0, false},        // no hold: none
 	} {
 		k, gap := probing(c.floor, c.hold)
 		assert.Equal(t, c.k, k, "probes after a hold of %v at a floor of %v/s", c.hold, c.floor)
 		assert.Equal(t, c.gap, gap, "their gap after a hold of %v at a floor of %v/s", c.hold, c.floor)
+		assert.Equal(t, c.long, longHold(c.floor, c.hold), "a hold of %v at a floor of %v/s: long", c.hold, c.floor)
 	}
 }
 
@@ -1240,30 +1250,6 @@ func TestUnsaid(t *testing.T) {
 	assert.Equal(t, 10*ms, unsaid(10, 100, false))
 	assert.Equal(t, 500*ms, unsaid(2, 5, true), "a unit at the floor, longer than the key's")
 	assert.Equal(t, 10*ms, unsaid(0, 100, true), "no floor: the key's unit")
-}
-
-// TestLongHold: a hold is long, and all its probes follow it without a
-// sign, when it is longer than a unit at the floor rate rounded up to whole
-// seconds (the longest Retry-After a bucket at or above the floor gives a
-// request sent early).
-func TestLongHold(t *testing.T) {
-	const ms, s = time.Millisecond, time.Second
-	for _, c := range []struct {
-		floor float64
-		hold  time.Duration
-		long  bool
-	}{
-		{10, s, false},
-		{10, 1001 * ms, true},
-		{10, 2 * s, true},
-		{1.5, s, false}, // a unit of 667 ms: 1 s
-		{1.5, 2 * s, true},
-		{0.5, 2 * s, false}, // a unit of 2 s
-		{0.5, 3 * s, true},
-		{0, time.Hour, false}, // no floor: no probes
-	} {
-		assert.Equal(t, c.long, longHold(c.floor, c.hold), "a hold of %v at a floor of %v/s", c.hold, c.floor)
-	}
 }
 
 // TestControllerProbesAfterAHold: after a hold that a throttle without
