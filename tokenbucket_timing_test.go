@@ -53,7 +53,10 @@ func TestTokenBucketDecreaseSpreadsReservedTurns(t *testing.T) {
 		// The first turn went at once; the rest are due every 10 ms.
 		time.Sleep(5 * time.Millisecond)
 		now := time.Now()
-		d := tb.Learn(ctx, "k", Signal{Status: http.StatusTooManyRequests, SentAt: now.Add(-time.Millisecond), Now: now})
+		// (A Retry-After of a unit: one that says nothing at all holds a
+		// unit at the floor rate, see unsaid.)
+		d := tb.Learn(ctx, "k", Signal{Status: http.StatusTooManyRequests, SentAt: now.Add(-time.Millisecond), Now: now,
+			RetryAfter: 10 * time.Millisecond, HasRetryAfter: true})
 		require.Equal(t, "throttled", d.Why)
 		lowered := d.New.PerSecond()
 		require.Less(t, lowered, 100.0)
