@@ -43,12 +43,13 @@
 --          quota with a reset), or drains its bucket (a success from a
 --          provider that refills continuously), else 0
 -- ARGV[29], ARGV[30]  the probes after a hold that a throttle without
---          counts (with a Retry-After) sets (storm in controller.go): the
---          gap between them (us), and how many after a sign (0 for none;
+--          counts sets (storm in controller.go): the gap between them
+--          (us), and how many after a sign or a long hold (0 for none;
 --          one, the first request after the hold, otherwise; a hold that
 --          extends one not yet ended keeps its probes); the fleet's first
---          grants from the hold's end are the probes, parted by the gap
---          (reserve.lua)
+--          grants from the hold's end (or a gap after the turns given
+--          before it, when they fall after its end) are the probes,
+--          parted by the gap (reserve.lua)
 -- ARGV[31] 1 when the response is a sign of a storm (a refusal among the
 --          first requests after such a hold), which arms the probes of the
 --          holds for ARGV[23] us, fleet-wide; else 0
