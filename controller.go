@@ -738,9 +738,9 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 // storm tells throttles that carry no count and are not about the caller's
 // quota (a storm of lock timeouts, load shedding) from an exhausted quota,
 // by probes: requests sent after a hold that such a throttle set (for its
-// Retry-After, or see unsaid), each alone, the provider's bucket having refilled a unit
-// for it whatever its burst. The first request after the hold is one: the
-// wait the provider asked for gave it a unit. The holds after a sign of a
+// Retry-After, or see unsaid), each alone, the provider's bucket having
+// refilled a unit for it whatever its burst. The first request after the
+// hold is one: the wait the provider asked for gave it a unit. The holds after a sign of a
 // storm, and long holds (see longHold), have more (see probing), each held
 // a gap (a unit at the floor rate, which a limit at or above the floor
 // refills) after the one before (spend holds the key that long after

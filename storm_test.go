@@ -21,9 +21,9 @@ import (
 // TestProbesAfterAHold: a throttle without counts holds the key for its
 // 1 s Retry-After, and the second request after the hold is refused the
 // same way: a sign of a storm, whose hold has three probes (at 100/s
-// configured: a floor of 10/s; their gaps take a quarter of the hold). Waiters queued meanwhile go after it, the
-// first three a floor's unit (100 ms) apart, the rest at the key's rate
-// again; a probe refused the same way is a storm's: for every limiter of
+// configured: a floor of 10/s; their gaps take a quarter of the hold).
+// Waiters queued meanwhile go after it, the first three a floor's unit
+// (100 ms) apart, the rest at the key's rate again; a probe refused the same way is a storm's: for every limiter of
 // the package that keeps a rate, local and shared.
 func TestProbesAfterAHold(t *testing.T) {
 	limiters := map[string]func(t *testing.T) Limiter{
@@ -230,12 +230,7 @@ func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
 					RetryAfter: time.Second, HasRetryAfter: true,
 				})
 			}
-			reserve := func() reserved {
-				res, _, err := s.runReserve(id, []*pending{{cost: 1}})
-				require.NoError(t, err)
-				require.Len(t, res, 1)
-				return res[0]
-			}
+			reserve := func() reserved { return reserveTurns(t, s, id, 1)[0] }
 			sent := time.Now().Add(-time.Millisecond)
 			first := throttle(sent)
 			require.False(t, first.Hold.IsZero(), "the throttle holds the key: %+v", first)
@@ -275,11 +270,9 @@ func TestSharedLongHoldHasItsProbes(t *testing.T) {
 				require.False(t, d.Hold.IsZero(), "the throttle holds the key: %+v", d)
 				var turns []time.Time
 				for i := range c.probes + 1 {
-					res, _, err := s.runReserve(id, []*pending{{cost: 1}})
-					require.NoError(t, err)
-					require.Len(t, res, 1)
-					assert.Equal(t, i < c.probes, res[0].probe, "turn %d after a hold of %v: a probe while there are %d", i+1, c.retryAfter, c.probes)
-					turns = append(turns, res[0].at.Add(res[0].wait))
+					r := reserveTurns(t, s, id, 1)[0]
+					assert.Equal(t, i < c.probes, r.probe, "turn %d after a hold of %v: a probe while there are %d", i+1, c.retryAfter, c.probes)
+					turns = append(turns, r.at.Add(r.wait))
 				}
 				for i := 1; i < c.probes; i++ {
 					// (Each turn dated from its reply's receipt: a reply read late
@@ -316,16 +309,7 @@ func TestSharedUnsaidThrottleHasAProbe(t *testing.T) {
 				s := sharedOf(l)
 				const key = "api.example.com"
 				id := keyID(key)
-				reserve := func(n int) []reserved {
-					batch := make([]*pending, n)
-					for i := range batch {
-						batch[i] = &pending{cost: 1}
-					}
-					res, _, err := s.runReserve(id, batch)
-					require.NoError(t, err)
-					require.Len(t, res, n)
-					return res
-				}
+				reserve := func(n int) []reserved { return reserveTurns(t, s, id, n) }
 				turn := func(r reserved) time.Time { return r.at.Add(r.wait) }
 				var last time.Time
 				if queued > 0 {
@@ -348,6 +332,20 @@ func TestSharedUnsaidThrottleHasAProbe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// reserveTurns asks the script of s for n turns of one unit on key id, in
+// one batch, as a waiter's leader does.
+func reserveTurns(t *testing.T, s *shared, id string, n int) []reserved {
+	t.Helper()
+	batch := make([]*pending, n)
+	for i := range batch {
+		batch[i] = &pending{cost: 1}
+	}
+	res, _, err := s.runReserve(id, batch)
+	require.NoError(t, err)
+	require.Len(t, res, n)
+	return res
 }
 
 // sharedOf returns the shared state of one of the package's shared

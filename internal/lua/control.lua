@@ -212,14 +212,17 @@ if exhausted then
     -- tolerance is a unit).
     local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
     local given = tat - math.max(burst, 1) * rateUnit
-    -- The bucket is emptied as of the hold's end but for one unit, so that
-    -- the fleet resumes at the rate rather than in a burst.
-    if burst > 0 then
-      local drained = untilus + (burst - 1) * rateUnit
-      if drained > tat then
+    -- emptyAsOf empties the bucket as of t but for one unit, so that the
+    -- fleet resumes at the rate rather than in a burst: as of the hold's
+    -- end, and as of its first probe (below).
+    local function emptyAsOf(t)
+      local drained = t + (burst - 1) * rateUnit
+      if burst > 0 and drained > tat then
+        tat = drained
         redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
       end
     end
+    emptyAsOf(untilus)
     local told = ARGV[19] .. ' ' .. string.format('%.0f', untilus - now) .. ' e' .. string.format('%.0f', untilus)
     local pg, pk = tonumber(ARGV[29]), tonumber(ARGV[30])
     if ARGV[22] == '1' and pk > 0 then
@@ -254,14 +257,8 @@ if exhausted then
           -- is as of the hold's end: the burst it refilled meanwhile went
           -- with the probe, at the same instant, and a provider with a
           -- burst of one refused them all.)
-          local pn = given + pg
-          redis.call('HSET', KEYS[1], 'pn', string.format('%.0f', pn))
-          if burst > 0 then
-            local drained = pn + (burst - 1) * rateUnit
-            if drained > (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) then
-              redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
-            end
-          end
+          redis.call('HSET', KEYS[1], 'pn', string.format('%.0f', given + pg))
+          emptyAsOf(given + pg)
         else
           redis.call('HDEL', KEYS[1], 'pn')
         end
