@@ -500,6 +500,9 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 		if w < st.wmax {
 			wmax = w * (1 + cfg.beta) / 2
 		}
+		if st.shape != shapeBucket {
+			wmax *= aimUnder
+		}
 		if st.shape == shapeBucket && st.wmax > 0 && w > nearLow*st.wmax && w < nearLimit*st.wmax {
 			// Near a limit found before: gently, and aiming just under the
 			// rate refused, which is above the limit. (Aimed at w, the
@@ -671,6 +674,19 @@ const (
 	nearBeta  = 0.9
 	nearAim   = 0.97
 )
+
+// aimUnder is how far under the rate refused (or, below the last aim,
+// under CUBIC's fast-convergence aim) a decrease without an estimate aims
+// the climb back, unless the key's counts show a bucket (a refusal then
+// holds it for a unit only, and the climb is steered by the counts: see
+// counted and nearAim). A provider with a burst refuses only once the key's
+// excess over its limit has spent the burst: sent a little too fast, it
+// refuses seconds later, the rate refused above its limit. Aimed at that
+// rate, the climb levelled off above the limit and met the next refusal
+// within six seconds, each holding the key for its Retry-After (1 s, as
+// providers round it up); aimed a twentieth under, it levels off under
+// the limit and probes it by the curve's slow growth beyond the aim.
+const aimUnder = 0.95
 
 // estimateMargin is how far under its estimate of the limit discovery sets
 // the rate after a throttle: the climb back from there to the estimate

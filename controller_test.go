@@ -262,6 +262,23 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
+			// C = 0.05: K = cbrt((95 − 70)/(0.05·95)) = 1.74 s.
+			name: "without counts, the climb back aims a twentieth under the rate refused (aimUnder)",
+			opts: []LearnOption{WithAdaptive(AdaptivePolicy{C: 0.05})},
+			steps: []sig{
+				throttle(0, 0, s),             // at 100/s: by beta, held 1 s, aiming at 95
+				ok(2739*ms, 2730*ms),          // K after the hold's end: levelled off at 95, not 100
+				throttle(2800*ms, 2790*ms, s), // refused at 95: aiming at 90.25
+				ok(5539*ms, 5530*ms),          // K after this hold's end: 90.25
+			},
+			wants: []want{
+				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{rate: 95},
+				{hold: 3800 * ms, notBefore: 3800 * ms, rate: 66.5, why: "throttled"},
+				{rate: 90.25},
+			},
+		},
+		{
 			name: "near a bucket's limit found before: a throttle lowers by 0.9, and the climb back levels off just under the rate refused",
 			steps: []sig{
 				withQuota(ok(0, 0), 0, 2*s),
