@@ -489,8 +489,9 @@ func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
 // provider accepted, times the rate they were sent at), or by beta when
 // there are too few of them (by nearBeta near a limit found before, the
 // climb back then aiming at nearAim of w); and the climb back aims at that
-// limit (CUBIC's fast convergence when it is below the last aim, RFC 8312
-// §4.6).
+// limit, or without an estimate at w (CUBIC's fast convergence when it is
+// below the last aim, RFC 8312 §4.6), aimUnder under it unless the key is a
+// bucket.
 func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 	wmax, w0 := w, cfg.beta*w
 	if est, ok := st.meter.estimate(now, w); ok && est < w {
