@@ -339,6 +339,13 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	}
 	g := grant{bk: bk, at: now, r: lim.ReserveN(at, cost)}
 	g.delay = max(g.r.DelayFrom(now), at.Sub(now)+time.Duration((need-tokens)/float64(lim.Limit())*float64(time.Second)))
+	if bk.owed > 0 && g.delay > 0 {
+		// The fraction of a token a raise left owed (see setRate) comes
+		// before this turn too: without it, the turn came up to a unit
+		// early, next to the one given before it (two requests 2 ms apart,
+		// the second refused by a provider with no burst).
+		g.delay += time.Duration(bk.owed / float64(lim.Limit()) * float64(time.Second))
+	}
 	if e := b.refuse(now, key, cost, g.delay); e != nil {
 		g.r.CancelAt(at)
 		return grant{}, e

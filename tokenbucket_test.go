@@ -230,6 +230,33 @@ func TestTokenBucketWaitCancelGivesTokensBack(t *testing.T) {
 	}
 }
 
+// TestTokenBucketRaiseKeepsTurnsApart: a step of the climb back raises a
+// key's rate while a queue of turns is owed; the next turn comes a unit
+// at the new rate after the last one given, not a fraction of a unit (the
+// part of a token the raise leaves owed, see setRate, counts). Two turns
+// 2 ms apart at 75/s met a provider with no burst, which refused the
+// second.
+func TestTokenBucketRaiseKeepsTurnsApart(t *testing.T) {
+	tb, _ := newTokenBucketOnFake(t, PerSecond(100), 1)
+	var last time.Duration
+	for range 20 {
+		d, err := delayOf(tb.reserve("k", 1, budget{}))
+		require.NoError(t, err)
+		last = d
+	}
+	require.Equal(t, 190*time.Millisecond, last, "19 turns owed, 10 ms apart")
+	tb.mu.RLock()
+	bk := tb.buckets.m["k"]
+	bk.mu.Lock()
+	bk.setRate(tb.clock.Now(), rate.Limit(101)) // 19 owed × 1%: a fifth of a token owed
+	bk.mu.Unlock()
+	tb.mu.RUnlock()
+	next, err := delayOf(tb.reserve("k", 1, budget{}))
+	require.NoError(t, err)
+	assert.InDelta(t, float64(time.Second/101), float64(next-last), float64(50*time.Microsecond),
+		"a unit at 101/s after the last turn: %v", next-last)
+}
+
 func TestTokenBucketWaitersInOrder(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // every waiter has returned
 	tb, fc := newTokenBucketOnFake(t, PerSecond(10), 1)
