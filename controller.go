@@ -503,8 +503,7 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 		}
 		if st.shape != shapeBucket {
 			wmax *= aimUnder
-		}
-		if st.shape == shapeBucket && st.wmax > 0 && w > nearLow*st.wmax && w < nearLimit*st.wmax {
+		} else if st.wmax > 0 && w > nearLow*st.wmax && w < nearLimit*st.wmax {
 			// Near a limit found before: gently, and aiming just under the
 			// rate refused, which is above the limit. (Aimed at w, the
 			// climb is back above the limit as soon as it levels off, and
@@ -757,8 +756,9 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 // by probes: requests sent after a hold that such a throttle set (for its
 // Retry-After, or see unsaid), each alone, the provider's bucket having
 // refilled a unit for it whatever its burst. The first request after the
-// hold is one: the wait the provider asked for gave it a unit. The holds after a sign of a
-// storm, and long holds (see longHold), have more (see probing), each held
+// hold is one: the wait the provider asked for gave it a unit. The holds
+// after a sign of a storm, and long holds (see longHold), have more (see
+// probing), each held
 // a gap (a unit at the floor rate, which a limit at or above the floor
 // refills) after the one before (spend holds the key that long after
 // each). A refused probe was not refused for the quota: from then on, for

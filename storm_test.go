@@ -23,8 +23,9 @@ import (
 // same way: a sign of a storm, whose hold has three probes (at 100/s
 // configured: a floor of 10/s; their gaps take a quarter of the hold).
 // Waiters queued meanwhile go after it, the first three a floor's unit
-// (100 ms) apart, the rest at the key's rate again; a probe refused the same way is a storm's: for every limiter of
-// the package that keeps a rate, local and shared.
+// (100 ms) apart, the rest at the key's rate again; a probe refused the
+// same way is a storm's: for every limiter of the package that keeps a
+// rate, local and shared.
 func TestProbesAfterAHold(t *testing.T) {
 	limiters := map[string]func(t *testing.T) Limiter{
 		"TokenBucket": func(t *testing.T) Limiter {

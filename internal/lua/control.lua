@@ -292,10 +292,11 @@ if exhausted then
       wmax, w0 = est, est * 0.92
     else
       if prev and old < prev then wmax = old * (1 + beta) / 2 end
-      if shape ~= 2 then wmax = wmax * 0.95 end -- under the rate refused (aimUnder)
-      -- near a limit found before, gently, aiming just under the rate
-      -- refused (nearBeta, nearAim)
-      if shape == 2 and prev and old > 0.9 * prev and old < 1.25 * prev then
+      if shape ~= 2 then
+        wmax = wmax * 0.95 -- under the rate refused (aimUnder)
+      elseif prev and old > 0.9 * prev and old < 1.25 * prev then
+        -- near a bucket's limit found before, gently, aiming just under
+        -- the rate refused (nearBeta, nearAim)
         w0 = math.max(w0, 0.9 * old)
         wmax = math.max(0.97 * old, w0)
       end
