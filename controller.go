@@ -452,14 +452,15 @@ func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 }
 
 // spend takes cost units of the key's budget for a request granted at now,
-// and reports whether they were there. When they were not, the key is
-// held: a window until the budget's reset; a key whose shape is not known
-// yet briefly (as a "remaining 0" holds it), after which one request goes,
-// whose answer tells the shape. rate is the key's rate in units per
-// second. Without a budget, or past its reset, everything is granted. A
-// request granted while the probes after a hold go holds the key a gap
-// after it (see storm).
-func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
+// its turn in the limiter's schedule being turn (now, or earlier when its
+// waiter woke late), and reports whether they were there. When they were
+// not, the key is held: a window until the budget's reset; a key whose
+// shape is not known yet briefly (as a "remaining 0" holds it), after
+// which one request goes, whose answer tells the shape. rate is the key's
+// rate in units per second. Without a budget, or past its reset,
+// everything is granted. A request granted while the probes after a hold
+// go holds the key a gap after its turn (see storm).
+func (st *ctlState) spend(now, turn time.Time, cost int, rate float64) bool {
 	budgeted := st.budgetUntil.After(now) && st.shape != shapeBucket
 	if budgeted && st.budget < float64(cost) {
 		if !st.zeroUntil.After(now) {
@@ -478,7 +479,7 @@ func (st *ctlState) spend(now time.Time, cost int, rate float64) bool {
 		st.budget -= float64(cost)
 	}
 	// A probe after a hold: the next request goes a gap later (see storm).
-	if next := st.storm.space(now); !next.IsZero() {
+	if next := st.storm.space(now, turn); !next.IsZero() {
 		st.hold = maxTime(st.hold, next)
 	}
 	return true
@@ -877,33 +878,41 @@ func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
 	}
 }
 
-// space records a request the limiter granted at now. While the probes go
-// (and no storm is believed) it is one, and it returns when the next may
-// go: a gap later, but after the last probe. Otherwise zero.
-func (st *storm) space(now time.Time) time.Time {
+// space records a request the limiter granted at now, at its turn turn
+// (see spend). While the probes go (and no storm is believed) it is one,
+// and it returns when the next may go: a gap after its turn, but after the
+// last probe. Otherwise zero. (A turn before the hold's end, given before
+// the hold and taken late, is the hold's end.)
+func (st *storm) space(now, turn time.Time) time.Time {
 	if st.gap == 0 || now.Before(st.holdEnd) || st.granted >= st.probes || now.Before(st.until) {
 		return time.Time{}
 	}
-	st.turns[st.granted] = now
+	turn = maxTime(minTime(turn, now), st.holdEnd)
+	st.turns[st.granted] = turn
 	st.granted++
 	if st.granted < st.probes {
-		return now.Add(st.gap)
+		return turn.Add(st.gap)
 	}
 	return time.Time{}
 }
 
 // atTurn reports whether a request sent at sent went at a probe's turn,
-// granted at at (zero for none) and due at due, the next request being due
-// a unit after it: from a moment before the turn (a fleet's turns are on
-// Redis's clock, their wait counted from a reply) until nearly the next.
-// (A waiter woken late by a busy process still sends first; counted from
-// the hold's end instead, the first request after a hold sent 8 ms late at
-// 70/s was not a probe. But a limiter that keeps its pace whatever the
-// timer slack sends the next one a unit after the first was due, not after
-// it went: 4 ms after it there, which a burst of one refuses.)
+// the limiter's turn at (zero for none; see spend), due at due, the next
+// request being due a unit after the later of them: from a moment before
+// the turn (a fleet's turns are on Redis's clock, their wait counted from a
+// reply) until nearly the next. (A waiter woken late by a busy process
+// still sends first; counted from the hold's end instead, the first
+// request after a hold sent 8 ms late at 70/s was not a probe. But a
+// limiter that keeps its pace whatever the timer slack sends the next one
+// a unit after the first's turn, not after it went: 4 ms after it there,
+// which a burst of one refuses. And a turn the limiter gives later than
+// it was due is still the probe's: a local TokenBucket's first turn after
+// a hold waits for its transit margin, and its probes went a unit late at
+// 72/s, too late for a window counted from when they were due; the storm
+// of scenario C without headers went untold for three holds of 2 s.)
 func atTurn(sent, at, due time.Time, unit time.Duration) bool {
 	margin := 2 * time.Millisecond
-	return !at.IsZero() && !sent.Before(at.Add(-margin)) && sent.Before(due.Add(max(unit/2, unit-margin)))
+	return !at.IsZero() && !sent.Before(at.Add(-margin)) && sent.Before(maxTime(due, at).Add(max(unit/2, unit-margin)))
 }
 
 // after reports where a request sent at sent falls after the last hold, at

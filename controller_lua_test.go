@@ -146,7 +146,7 @@ func TestSharedBudgetMatchesGo(t *testing.T) {
 		var st ctlState
 		st.learn(&cfg, &s)
 		n := 0
-		for st.spend(s.Now, 1, 1000) {
+		for st.spend(s.Now, s.Now, 1, 1000) {
 			n++
 		}
 		return n, st.hold.Sub(s.Now)
@@ -503,7 +503,7 @@ func TestSharedControllerSteps(t *testing.T) {
 				now := time.Now()
 				s.SentAt, s.Now = now.Add(step.sent-step.at), now
 				bucketBefore := goSt.shape == shapeBucket
-				goSt.storm.space(s.SentAt) // the limiter granted it then (see storm)
+				goSt.storm.space(s.SentAt, s.SentAt) // the limiter granted it then (see storm)
 				if probe, _ := goSt.storm.after(s.SentAt, goSt.rate(&goCfg, now)); probe {
 					// The fleet's probes are the turns the script tells as
 					// probes (TestProbesAfterAHold): as if this one had been.

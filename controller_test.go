@@ -597,7 +597,7 @@ func TestControllerSteps(t *testing.T) {
 			var st ctlState
 			for i, step := range tc.steps {
 				s := step.signal()
-				st.storm.space(s.SentAt) // the limiter granted it then (see storm)
+				st.storm.space(s.SentAt, s.SentAt) // the limiter granted it then (see storm)
 				d := st.learn(&cfg, s)
 				w := tc.wants[i]
 				at := func(off time.Duration) time.Time {
@@ -1026,7 +1026,7 @@ func TestControllerBudgetSteps(t *testing.T) {
 				granted := false
 				if step.grant > 0 {
 					now := ctlEpoch.Add(step.at)
-					granted = st.spend(now, step.grant, st.rate(&cfg, now))
+					granted = st.spend(now, now, step.grant, st.rate(&cfg, now))
 				} else {
 					st.learn(&cfg, step.report.signal())
 				}
@@ -1290,7 +1290,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 	spends := func(st *ctlState, cfg *learnConfig, offs ...time.Duration) []time.Duration {
 		var holds []time.Duration
 		for _, off := range offs {
-			assert.True(t, st.spend(at(off), 1, st.rate(cfg, at(off))))
+			assert.True(t, st.spend(at(off), at(off), 1, st.rate(cfg, at(off))))
 			holds = append(holds, st.hold.Sub(ctlEpoch))
 		}
 		return holds
@@ -1331,6 +1331,26 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		d = st.learn(&cfg, throttle(105*ms, 100*ms, -1).signal())
 		assert.Equal(t, "storm", d.Why, "the probe, refused: %+v", d)
 		assert.True(t, d.Hold.IsZero(), "a storm's throttle holds nothing: %+v", d)
+	})
+	t.Run("the limiter's turn, late or on time", func(t *testing.T) {
+		// One probe after a hold of 1 s without a sign; the rate is 70/s
+		// after it, a unit 14.3 ms. A turn the limiter gives a unit late
+		// (a TokenBucket's first after a hold waits for its transit
+		// margin) is the probe's: its request, refused, is a storm's.
+		cfg := settings(100)
+		var st ctlState
+		st.learn(&cfg, throttle(0, 0, s).signal())
+		require.True(t, st.spend(at(1015*ms), at(1014*ms), 1, 70))
+		d := st.learn(&cfg, throttle(1020*ms, 1015*ms, s).signal())
+		assert.Equal(t, "storm", d.Why, "the probe given late, refused: %+v", d)
+		// A turn given on time, its waiter woken 5 ms late: the next
+		// request, a unit after the turn (a LeakyBucket keeps its pace),
+		// is not the probe, and its refusal is a sign only.
+		var st2 ctlState
+		st2.learn(&cfg, throttle(0, 0, s).signal())
+		require.True(t, st2.spend(at(1005*ms), at(s), 1, 70))
+		d = st2.learn(&cfg, throttle(1020*ms, 1015*ms, s).signal())
+		assert.Equal(t, "throttled", d.Why, "the request after the probe, refused: %+v", d)
 	})
 	t.Run("none while a storm is believed", func(t *testing.T) {
 		cfg := settings(100)

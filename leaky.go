@@ -139,7 +139,7 @@ func (lb *LeakyBucket) arrive(key string, cost int, b budget) (w *waiter, now ti
 	now = lb.clock.Now() // read under mu, so that releases are in time order
 	l := lb.lane(key, now)
 	r := effectiveRate(l.ctl, &lb.learn, lb.rate, now)
-	if len(l.queue) == 0 && !l.next.After(now) && lb.spend(l, now, cost) {
+	if len(l.queue) == 0 && !l.next.After(now) && lb.spend(l, now, now, cost) {
 		l.next = lb.after(l, now.Add(durationOf(cost, r)))
 		return nil, now, nil
 	}
@@ -176,13 +176,16 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 	if l.queue[0] != w {
 		return 0, now, false
 	}
-	if l.next.After(now) || !lb.spend(l, now, w.cost) {
+	if l.next.After(now) {
 		return l.next.Sub(now), now, false
 	}
 	gap := durationOf(w.cost, effectiveRate(l.ctl, &lb.learn, lb.rate, now))
 	at = l.next
 	if now.Sub(at) > gap {
 		at = now
+	}
+	if !lb.spend(l, now, at, w.cost) {
+		return l.next.Sub(now), now, false
 	}
 	l.next = lb.after(l, at.Add(gap))
 	l.pop(0)
@@ -213,11 +216,11 @@ func (lb *LeakyBucket) leave(key string, w *waiter) {
 	}
 }
 
-// spend spends cost units of l's budget for a release at now (see
-// ctlState.spend); when they are not there, the key is held and its next
-// release moves to the hold's end. The caller holds mu.
-func (lb *LeakyBucket) spend(l *lane, now time.Time, cost int) bool {
-	if l.ctl == nil || l.ctl.spend(now, cost, l.ctl.rate(&lb.learn, now)) {
+// spend spends cost units of l's budget for a release at now at its turn
+// turn (see ctlState.spend); when they are not there, the key is held and
+// its next release moves to the hold's end. The caller holds mu.
+func (lb *LeakyBucket) spend(l *lane, now, turn time.Time, cost int) bool {
+	if l.ctl == nil || l.ctl.spend(now, turn, cost, l.ctl.rate(&lb.learn, now)) {
 		return true
 	}
 	l.next = maxTime(l.next, l.ctl.hold)

@@ -243,15 +243,19 @@ func (tb *TokenBucket) commit(g grant, cost int) bool {
 	if ctl.hold.After(g.at) && ctl.hold.After(now) {
 		return false
 	}
-	return tb.spendLocked(g.bk, now, cost)
+	// Its turn: when the reservation was due, spread by the decreases since
+	// (see lag), unless that is later than now.
+	turn := minTime(now, g.bk.lowered.due(g.at, g.at.Add(g.delay)))
+	return tb.spendLocked(g.bk, now, turn, cost)
 }
 
-// spendLocked spends cost units of bk's budget at now; when they are not
-// there, the key is now held (see ctlState.spend) and the bucket resumes
-// at the rate after the hold. A probe after a hold, granted, holds the key
-// a gap after it in the same way. The caller holds bk.mu.
-func (tb *TokenBucket) spendLocked(bk *tokenBucket, now time.Time, cost int) bool {
-	ok := bk.ctl.spend(now, cost, bk.ctl.rate(&tb.learn, now))
+// spendLocked spends cost units of bk's budget for a request granted at
+// now at its turn turn; when they are not there, the key is now held (see
+// ctlState.spend) and the bucket resumes at the rate after the hold. A
+// probe after a hold, granted, holds the key a gap after its turn in the
+// same way. The caller holds bk.mu.
+func (tb *TokenBucket) spendLocked(bk *tokenBucket, now, turn time.Time, cost int) bool {
+	ok := bk.ctl.spend(now, turn, cost, bk.ctl.rate(&tb.learn, now))
 	if bk.ctl.hold.After(now) {
 		bk.resume = maxTime(bk.resume, bk.ctl.hold)
 	}
@@ -327,7 +331,7 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	tokens := lim.TokensAt(at)
 	need := float64(cost) + tb.margin
 	if !at.After(now) && tokens >= need {
-		if bk.ctl == nil || tb.spendLocked(bk, at, cost) {
+		if bk.ctl == nil || tb.spendLocked(bk, at, at, cost) {
 			lim.AllowN(at, cost)
 			return grant{}, nil
 		}
@@ -352,7 +356,7 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	}
 	if g.delay <= 0 {
 		if bk.ctl != nil {
-			tb.spendLocked(bk, now, cost)
+			tb.spendLocked(bk, now, now, cost)
 		}
 		return grant{}, nil
 	}
