@@ -505,9 +505,9 @@ func ctlTables() []ctlTable {
 			// A refusal among the first requests after a hold is a sign,
 			// taken for the quota (a provider whose burst is a unit or two
 			// refuses the second request at the rate); the holds after it
-			// have three probes, 100ms apart at 100/s configured, whose
+			// have six probes, 100ms apart at 100/s configured, whose
 			// floor is 10/s (the limiter spaces them: spend).
-			name: "a sign arms three probes at the next hold: the last, refused, is a storm's",
+			name: "a sign arms six probes at the next hold: the third, refused, is a storm's",
 			steps: []sig{
 				throttle(0, 0, s),
 				ok(1005*ms, 1001*ms),          // the one probe of this hold
@@ -1221,9 +1221,8 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 
 // TestProbingTakesAShareOfTheHold: the probes after a hold, and their gap
 // (a unit at the floor rate), from the floor and the hold's length: their
-// gaps take at most a quarter of the hold, and they are stormProbes at
-// most. A storm not told costs another hold; the probes cost at most a
-// quarter of one. A hold is long, and all its probes follow it without a
+// gaps take at most half the hold, and they are stormProbes at most. A
+// storm not told costs another hold; the probes cost at most half of one. A hold is long, and all its probes follow it without a
 // sign, when it is longer than a unit at the floor rate rounded up to
 // whole seconds (the longest Retry-After a bucket at or above the floor
 // gives a request sent early: longHold).
@@ -1236,15 +1235,16 @@ func TestProbingTakesAShareOfTheHold(t *testing.T) {
 		gap   time.Duration
 		long  bool
 	}{
-		{10, 200 * ms, 1, 100 * ms, false}, // the first request after the hold only
-		{10, 800 * ms, 3, 100 * ms, false},
-		{10, s, 3, 100 * ms, false},
-		{10, 1001 * ms, 3, 100 * ms, true},
-		{10, 2 * s, 6, 100 * ms, true},
+		{10, 100 * ms, 1, 100 * ms, false}, // the first request after the hold only
+		{10, 200 * ms, 2, 100 * ms, false},
+		{10, 800 * ms, 5, 100 * ms, false},
+		{10, s, 6, 100 * ms, false},
+		{10, 1001 * ms, 6, 100 * ms, true},
+		{10, 2 * s, 10, 100 * ms, true},
 		{10, 10 * s, stormProbes, 100 * ms, true},
-		{20, s, 6, 50 * ms, false},
+		{20, s, 10, 50 * ms, false},
 		{1.5, s, 1, 666666666, false}, // a unit of 667 ms: 1 s
-		{1.5, 2 * s, 1, 666666666, true},
+		{1.5, 2 * s, 2, 666666666, true},
 		{0.5, 2 * s, 1, 2 * s, false}, // a unit of 2 s
 		{0.5, 3 * s, 1, 2 * s, true},
 		{0, s, 0, 0, false},         // no floor: no probes
@@ -1271,11 +1271,11 @@ func TestUnsaid(t *testing.T) {
 
 // TestControllerProbesAfterAHold: after a hold that a throttle without
 // counts set after a sign of a storm, spend parts the first requests
-// granted by a unit at the floor rate (three probes at 100/s configured,
+// granted by a unit at the floor rate (six probes at 100/s configured,
 // whose floor is 10/s), and no others: none after the probes, none after a
 // hold without a sign (its one probe is the first request), none while a
 // storm is believed, none after a hold with counts; a key whose floor's
-// unit is longer than the probes may take (a quarter of the hold:
+// unit is longer than the probes may take (half the hold:
 // stormProbeShare) has one probe.
 func TestControllerProbesAfterAHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
@@ -1296,7 +1296,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		return holds
 	}
 
-	t.Run("one without a sign, three after one", func(t *testing.T) {
+	t.Run("one without a sign, six after one", func(t *testing.T) {
 		cfg := settings(100)
 		var st ctlState
 		d := st.learn(&cfg, throttle(0, 0, s).signal())
@@ -1304,19 +1304,19 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1015*ms))
 		d = st.learn(&cfg, throttle(1030*ms, 1015*ms, s).signal()) // the second request: a sign
 		require.Equal(t, at(2030*ms), d.Hold)
-		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2230 * ms, 2230 * ms},
-			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2250*ms))
+		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2330 * ms, 2430 * ms, 2530 * ms, 2530 * ms, 2530 * ms},
+			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2330*ms, 2430*ms, 2530*ms, 2550*ms))
 	})
 	t.Run("all after a long hold, sign or not", func(t *testing.T) {
 		// A Retry-After of 2 s is longer than a bucket at the floor asks
-		// of a request sent early (see longHold): six probes, the most a
-		// quarter of the hold has room for.
+		// of a request sent early (see longHold): ten probes, the most
+		// half the hold has room for.
 		cfg := settings(100)
 		var st ctlState
 		d := st.learn(&cfg, throttle(0, 0, 2*s).signal())
 		require.Equal(t, at(2*s), d.Hold)
-		assert.Equal(t, []time.Duration{2100 * ms, 2200 * ms, 2300 * ms, 2400 * ms, 2500 * ms, 2500 * ms, 2500 * ms},
-			spends(&st, &cfg, 2*s, 2100*ms, 2200*ms, 2300*ms, 2400*ms, 2500*ms, 2510*ms))
+		assert.Equal(t, []time.Duration{2100 * ms, 2200 * ms, 2300 * ms, 2400 * ms, 2500 * ms, 2600 * ms, 2700 * ms, 2800 * ms, 2900 * ms, 2900 * ms, 2900 * ms},
+			spends(&st, &cfg, 2*s, 2100*ms, 2200*ms, 2300*ms, 2400*ms, 2500*ms, 2600*ms, 2700*ms, 2800*ms, 2900*ms, 2910*ms))
 	})
 	t.Run("one after a throttle that says nothing", func(t *testing.T) {
 		// No count, no Retry-After: held a unit at the floor rate (100
@@ -1382,7 +1382,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, []time.Duration{hold, hold}, spends(&st, &cfg, hold, hold+10*ms))
 	})
 	t.Run("one probe at a low floor", func(t *testing.T) {
-		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than a quarter of the hold
+		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than half the hold
 		var st ctlState
 		st.learn(&cfg, throttle(0, 0, s).signal())
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1300*ms))

@@ -20,10 +20,10 @@ import (
 
 // TestProbesAfterAHold: a throttle without counts holds the key for its
 // 1 s Retry-After, and the second request after the hold is refused the
-// same way: a sign of a storm, whose hold has three probes (at 100/s
-// configured: a floor of 10/s; their gaps take a quarter of the hold).
-// Waiters queued meanwhile go after it, the first three a floor's unit
-// (100 ms) apart, the rest at the key's rate again; a probe refused the
+// same way: a sign of a storm, whose hold has six probes (at 100/s
+// configured: a floor of 10/s; their gaps take half the hold). Waiters
+// queued meanwhile go after it, the first six a floor's unit (100 ms)
+// apart, the rest at the key's rate again; a probe refused the
 // same way is a storm's: for every limiter of the package that keeps a
 // rate, local and shared.
 func TestProbesAfterAHold(t *testing.T) {
@@ -47,7 +47,7 @@ func TestProbesAfterAHold(t *testing.T) {
 	for name, newLimiter := range limiters {
 		t.Run(name, func(t *testing.T) {
 			l := newLimiter(t)
-			const key, waiters, gap = "api.example.com", 6, 100 * time.Millisecond
+			const key, probes, waiters, gap = "api.example.com", 6, 9, 100 * time.Millisecond
 			// took is how long the last call took: a shared limiter's
 			// hold ends on Redis's clock, and the Decision dates it from the
 			// reply's receipt, up to that much after its true end.
@@ -75,10 +75,10 @@ func TestProbesAfterAHold(t *testing.T) {
 			t.Logf("after the hold's end: %v (a unit at the rate %v; the call that set the hold took %v)", offs, unit, took.Round(100*time.Microsecond))
 			assert.GreaterOrEqual(t, offs[0], -5*time.Millisecond-took, "nothing goes before the hold's end")
 			assert.Less(t, offs[0], gap/2, "the first probe at the hold's end")
-			for i := 1; i < 3; i++ {
+			for i := 1; i < probes; i++ {
 				assert.GreaterOrEqual(t, done[i].Sub(done[i-1]), gap-10*time.Millisecond, "probe %d a floor's unit after the one before", i+1)
 			}
-			for i := 3; i < waiters; i++ {
+			for i := probes; i < waiters; i++ {
 				assert.Less(t, done[i].Sub(done[i-1]), gap/2, "request %d at the key's rate again", i+1)
 			}
 			// A probe, refused the same way: a storm. (For the shared
@@ -87,7 +87,7 @@ func TestProbesAfterAHold(t *testing.T) {
 			// the request after it, and is no probe: the first that went on
 			// time is taken (on a busy machine, a waiter wakes late).
 			due := d.Hold
-			for i := range 3 {
+			for i := range probes {
 				if done[i].Sub(due) < unit-3*time.Millisecond {
 					d = throttle(done[i])
 					assert.Equal(t, "storm", d.Why, "probe %d, refused: %+v", i+1, d)
@@ -202,7 +202,7 @@ func TestSharedHearsHolds(t *testing.T) {
 	assert.Equal(t, 1, later.probes)
 	assert.True(t, later.heard.After(first.heard), "a new hold is heard anew")
 
-	s.hear("j 500000 e1700000000000000 p9")
+	s.hear("j 500000 e1700000000000000 p11")
 	j, ok := mark("j")
 	require.True(t, ok)
 	assert.Equal(t, 0, j.probes, "a probe count out of range is none")
@@ -250,8 +250,8 @@ func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
 // TestSharedLongHoldHasItsProbes: a throttle without counts whose
 // Retry-After (2 s) is longer than a bucket at the floor (10/s at 100/s
 // configured) asks of a request sent early is followed by all its probes,
-// with no sign before it (see longHold): the fleet's first six turns after
-// the hold are probes, a floor's unit (100 ms) apart, and the seventh is
+// with no sign before it (see longHold): the fleet's first ten turns after
+// the hold are probes, a floor's unit (100 ms) apart, and the eleventh is
 // not. One of 1 s has one probe.
 func TestSharedLongHoldHasItsProbes(t *testing.T) {
 	for name, newShared := range bothShared() {
@@ -259,7 +259,7 @@ func TestSharedLongHoldHasItsProbes(t *testing.T) {
 			for _, c := range []struct {
 				retryAfter time.Duration
 				probes     int
-			}{{2 * time.Second, 6}, {time.Second, 1}} {
+			}{{2 * time.Second, 10}, {time.Second, 1}} {
 				l := newShared(t, redistest.Start(t).Client(t), "long")
 				s := sharedOf(l)
 				const key = "api.example.com"
