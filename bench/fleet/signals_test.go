@@ -40,6 +40,7 @@ const (
 	signalsEnv     = "EGRESS_SIGNALS"      // set to run TestSignalScenarios without naming it in -run
 	signalsSeedEnv = "EGRESS_SIGNALS_SEED" // another seed for the provider's draws (which requests the storm refuses)
 	signalsOutEnv  = "EGRESS_SIGNALS_OUT"  // a path to write the tables to, as markdown
+	signalsBEnv    = "EGRESS_SIGNALS_B"    // scenario B's provider as "rate/burst", instead of 50/5
 	signalsName    = "TestSignalScenarios" // the test's name, for the -run gate
 )
 
@@ -94,12 +95,19 @@ type signalMeasure struct {
 // set EGRESS_SIGNALS=1.
 //
 //	cd bench && go test -run TestSignalScenarios -v ./fleet/ -count=1
+//
+// EGRESS_SIGNALS_SEED=n draws another storm; EGRESS_SIGNALS_B=30/3 gives
+// scenario B another provider (rate/burst), another ratio of the clients'
+// 100/s to the real limit.
 func TestSignalScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for minutes; skipped under -short")
 	}
 	if f := flag.Lookup("test.run"); (f == nil || !strings.Contains(f.Value.String(), signalsName)) && os.Getenv(signalsEnv) == "" {
 		t.Skipf("runs for minutes; name it in -run or set %s=1", signalsEnv)
+	}
+	if _, _, err := scenarioB(); err != nil {
+		t.Fatal(err)
 	}
 	goroutines := runtime.NumGoroutine()
 	var out strings.Builder
@@ -197,6 +205,7 @@ func signalScenarios() []signalScenario {
 		return c
 	}
 	ideal := time.Duration(float64(signalWorkers) / signalRate * float64(time.Second))
+	bRate, bBurst, _ := scenarioB()
 	storm := fakeapi.Storm{Share: stormShare, RetryAfter: stormWait}
 	scs := []signalScenario{
 		{
@@ -213,17 +222,17 @@ func signalScenarios() []signalScenario {
 			},
 		},
 		{
-			id: "B", title: "A limit configured at twice the real one: the provider enforces 50/s, burst 5",
-			rate: 50, burst: 5, providerOf: provider(50, 5, fakeapi.Storm{}),
+			id: "B", title: fmt.Sprintf("A limit configured at %.3g times the real one: the provider enforces %g/s, burst %d", signalRate/bRate, bRate, bBurst),
+			rate: bRate, burst: bBurst, providerOf: provider(bRate, bBurst, fakeapi.Storm{}),
 			intro: "Targets for egress: at least 90% of the real limit over the last 5 s; at most one 429 in any 5 s " +
 				"for the whole fleet after the first 3 s; with and without the headers. " +
 				"Accepted per second at the provider, second by second from the start.",
-			columns: []string{"% of 50/s, last 5 s", "% of 50/s, 10 s", "429s", "429s after 3 s", "most 429s in 5 s after 3 s",
+			columns: []string{fmt.Sprintf("%% of %g/s, last 5 s", bRate), fmt.Sprintf("%% of %g/s, 10 s", bRate), "429s", "429s after 3 s", "most 429s in 5 s after 3 s",
 				"p50", "p99", "failed / calls", "accepted per second"},
 			cells: func(m signalMeasure) []string {
 				last := m.acceptedBetween(5*time.Second, 10*time.Second)
 				all := m.acceptedBetween(0, 10*time.Second)
-				return []string{benchkit.Percent(float64(last) / (50 * 5)), benchkit.Percent(float64(all) / (50 * 10)),
+				return []string{benchkit.Percent(float64(last) / (bRate * 5)), benchkit.Percent(float64(all) / (bRate * 10)),
 					benchkit.Count(m.o.limited), benchkit.Count(m.limitedAfter(settle)), benchkit.Count(m.most429sAfter(settle, 5*time.Second)),
 					benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls), m.perSecond()}
 			},
@@ -559,6 +568,23 @@ func closeBody(r *http.Request) error {
 		return nil
 	}
 	return r.Body.Close()
+}
+
+// scenarioB returns scenario B's provider: 50/s with a burst of 5, or the
+// rate and burst signalsBEnv gives ("30/3": another ratio of the clients'
+// 100/s to the real limit).
+func scenarioB() (float64, int, error) {
+	v := os.Getenv(signalsBEnv)
+	if v == "" {
+		return 50, 5, nil
+	}
+	r, b, ok := strings.Cut(v, "/")
+	rate, err1 := strconv.ParseFloat(r, 64)
+	burst, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || !(rate > 0 && rate <= signalRate) || burst < 1 {
+		return 0, 0, fmt.Errorf("%s=%q: want \"rate/burst\", a rate in (0, %d] and a burst of 1 or more", signalsBEnv, v, signalRate)
+	}
+	return rate, burst, nil
 }
 
 // signalsSeed is the seed of the providers' draws: stormSeed, or the one
