@@ -760,11 +760,11 @@ func (m *meter) refusedShare(now time.Time) (float64, int) {
 // hold is one: the wait the provider asked for gave it a unit. The holds
 // after a sign of a storm, and long holds (see longHold), have more (see
 // probing), each held a gap (a unit at the floor rate, which a limit at or
-// above the floor refills) after the one before (spend holds the key that long after
-// each). A refused probe was not refused for the quota: from then on, for
-// stormTTL, such throttles delay only their own request; unless most of
-// the key's recent requests are refused, which is an exhausted quota
-// whatever the headers say.
+// above the floor refills) after the one before (spend holds the key that
+// long after each). A refused probe was not refused for the quota: from
+// then on, for stormTTL, such throttles delay only their own request;
+// unless most of the key's recent requests are refused, which is an
+// exhausted quota whatever the headers say.
 //
 // A sign is a refusal among the first stormFirst requests after a hold (by
 // time at the key's rate), which a storm gives often, and so does a
