@@ -1222,10 +1222,11 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 // TestProbingTakesAShareOfTheHold: the probes after a hold, and their gap
 // (a unit at the floor rate), from the floor and the hold's length: their
 // gaps take at most half the hold, and they are stormProbes at most. A
-// storm not told costs another hold; the probes cost at most half of one. A hold is long, and all its probes follow it without a
-// sign, when it is longer than a unit at the floor rate rounded up to
-// whole seconds (the longest Retry-After a bucket at or above the floor
-// gives a request sent early: longHold).
+// storm not told costs another hold; the probes cost at most half of one.
+// A hold is long, and all its probes follow it without a sign, when it is
+// longer than a unit at the floor rate rounded up to whole seconds (the
+// longest Retry-After a bucket at or above the floor gives a request sent
+// early: longHold).
 func TestProbingTakesAShareOfTheHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
 	for _, c := range []struct {
