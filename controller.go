@@ -789,12 +789,16 @@ type storm struct {
 	until   time.Time              // throttles without counts are not about the quota until then
 }
 
-// stormProbes is how many requests after a hold are probes after a sign,
-// at most, and stormProbeShare the share of the hold their gaps may take in
-// all: a storm not told costs another hold, so its probes may cost half of
-// one (at 100/s configured, whose floor's unit is 100 ms: six probes after
-// a hold of 1 s, ten after one of 2 s; fewer at a low floor: a key
-// configured under twenty a second, at the default floor, has one probe
+// stormProbes is how many requests after a hold are probes, at most;
+// stormProbeShare the share of the hold their gaps may take in all after
+// a sign, longProbeShare after a long hold (see longHold). A storm not
+// told costs another hold, so the probes may cost a quarter of one after
+// a sign, whose holds come back at every refusal of a climb against a
+// provider with a small burst (scenario E of the fleet benchmark), and
+// half of one after a long hold, which a climb's refusals never set (at
+// 100/s configured, whose floor's unit is 100 ms: three probes after a
+// sign's hold of 1 s, ten after a hold of 2 s; fewer at a low floor: a key
+// configured under forty a second, at the default floor, has one probe
 // after a hold of 1 s, the first request after it). stormFirst is how many
 // of the first requests after a hold (at the key's rate, after its probes)
 // a refusal among is a sign; stormTTL is how long a storm, or a sign, is
@@ -804,13 +808,15 @@ type storm struct {
 // chance of 0.66 at 30% refused, a storm with a Retry-After of 2 s was told
 // after four holds, 8 s, in one draw of five, and egress sent a third of
 // what a client that only waits each refused request's Retry-After sent.
-// With six, a quarter of the hold, the first long hold's probes were all
-// accepted in one draw of eight (0.7⁶), and a storm of scenario C without
-// headers went untold for two holds at two seeds of six: 300 successes
-// against the per-pod peer's 410; with ten, one in thirty-six.)
+// With six after a hold of 2 s, a quarter of it, they were all accepted in
+// one draw of eight (0.7⁶), and a storm of scenario C without headers went
+// untold for two holds at two seeds of six: 300 successes against the
+// per-pod peer's 410; with ten, one in thirty-six. Six after a sign's hold
+// of 1 s cost scenario E without headers a few points of its limit.)
 const (
 	stormProbes      = 10
-	stormProbeShare  = 0.5
+	stormProbeShare  = 0.25
+	longProbeShare   = 0.5
 	stormFirst       = 5
 	stormTTL         = time.Minute
 	stormExit        = 0.6
@@ -818,15 +824,20 @@ const (
 )
 
 // probing returns how many requests are probes after a hold of length
-// hold, after a sign, and the gap between them, at floor units per second:
-// none without a floor; after the first, as many as stormProbeShare of the
-// hold has room for, up to stormProbes in all.
+// hold, after a sign or a long hold, and the gap between them, at floor
+// units per second: none without a floor; after the first, as many as
+// stormProbeShare of the hold has room for (longProbeShare of a long
+// hold), up to stormProbes in all.
 func probing(floor float64, hold time.Duration) (int, time.Duration) {
 	gap := probeGap(floor)
 	if gap <= 0 || hold <= 0 {
 		return 0, 0
 	}
-	return 1 + int(min(stormProbes-1, int64(time.Duration(float64(hold)*stormProbeShare)/gap))), gap
+	share := stormProbeShare
+	if longHold(floor, hold) {
+		share = longProbeShare
+	}
+	return 1 + int(min(stormProbes-1, int64(time.Duration(float64(hold)*share)/gap))), gap
 }
 
 // probeGap is the gap between probes: a unit at floor units per second; 0

@@ -505,9 +505,9 @@ func ctlTables() []ctlTable {
 			// A refusal among the first requests after a hold is a sign,
 			// taken for the quota (a provider whose burst is a unit or two
 			// refuses the second request at the rate); the holds after it
-			// have six probes, 100ms apart at 100/s configured, whose
+			// have three probes, 100ms apart at 100/s configured, whose
 			// floor is 10/s (the limiter spaces them: spend).
-			name: "a sign arms six probes at the next hold: the third, refused, is a storm's",
+			name: "a sign arms three probes at the next hold: the last, refused, is a storm's",
 			steps: []sig{
 				throttle(0, 0, s),
 				ok(1005*ms, 1001*ms),          // the one probe of this hold
@@ -1221,12 +1221,13 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 
 // TestProbingTakesAShareOfTheHold: the probes after a hold, and their gap
 // (a unit at the floor rate), from the floor and the hold's length: their
-// gaps take at most half the hold, and they are stormProbes at most. A
-// storm not told costs another hold; the probes cost at most half of one.
-// A hold is long, and all its probes follow it without a sign, when it is
-// longer than a unit at the floor rate rounded up to whole seconds (the
-// longest Retry-After a bucket at or above the floor gives a request sent
-// early: longHold).
+// gaps take at most a quarter of the hold (half of a long one), and they
+// are stormProbes at most. A storm not told costs another hold; the
+// probes cost at most a quarter of one, half of a long one. A hold is
+// long, and all its probes follow it without a sign, when it is longer
+// than a unit at the floor rate rounded up to whole seconds (the longest
+// Retry-After a bucket at or above the floor gives a request sent early:
+// longHold).
 func TestProbingTakesAShareOfTheHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
 	for _, c := range []struct {
@@ -1237,13 +1238,13 @@ func TestProbingTakesAShareOfTheHold(t *testing.T) {
 		long  bool
 	}{
 		{10, 100 * ms, 1, 100 * ms, false}, // the first request after the hold only
-		{10, 200 * ms, 2, 100 * ms, false},
-		{10, 800 * ms, 5, 100 * ms, false},
-		{10, s, 6, 100 * ms, false},
-		{10, 1001 * ms, 6, 100 * ms, true},
+		{10, 200 * ms, 1, 100 * ms, false},
+		{10, 800 * ms, 3, 100 * ms, false},
+		{10, s, 3, 100 * ms, false},
+		{10, 1001 * ms, 6, 100 * ms, true}, // long: half of it
 		{10, 2 * s, 10, 100 * ms, true},
 		{10, 10 * s, stormProbes, 100 * ms, true},
-		{20, s, 10, 50 * ms, false},
+		{20, s, 6, 50 * ms, false},
 		{1.5, s, 1, 666666666, false}, // a unit of 667 ms: 1 s
 		{1.5, 2 * s, 2, 666666666, true},
 		{0.5, 2 * s, 1, 2 * s, false}, // a unit of 2 s
@@ -1272,11 +1273,11 @@ func TestUnsaid(t *testing.T) {
 
 // TestControllerProbesAfterAHold: after a hold that a throttle without
 // counts set after a sign of a storm, spend parts the first requests
-// granted by a unit at the floor rate (six probes at 100/s configured,
+// granted by a unit at the floor rate (three probes at 100/s configured,
 // whose floor is 10/s), and no others: none after the probes, none after a
 // hold without a sign (its one probe is the first request), none while a
 // storm is believed, none after a hold with counts; a key whose floor's
-// unit is longer than the probes may take (half the hold:
+// unit is longer than the probes may take (a quarter of the hold:
 // stormProbeShare) has one probe.
 func TestControllerProbesAfterAHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
@@ -1297,7 +1298,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		return holds
 	}
 
-	t.Run("one without a sign, six after one", func(t *testing.T) {
+	t.Run("one without a sign, three after one", func(t *testing.T) {
 		cfg := settings(100)
 		var st ctlState
 		d := st.learn(&cfg, throttle(0, 0, s).signal())
@@ -1305,8 +1306,8 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1015*ms))
 		d = st.learn(&cfg, throttle(1030*ms, 1015*ms, s).signal()) // the second request: a sign
 		require.Equal(t, at(2030*ms), d.Hold)
-		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2330 * ms, 2430 * ms, 2530 * ms, 2530 * ms, 2530 * ms},
-			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2330*ms, 2430*ms, 2530*ms, 2550*ms))
+		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2230 * ms, 2230 * ms},
+			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2250*ms))
 	})
 	t.Run("all after a long hold, sign or not", func(t *testing.T) {
 		// A Retry-After of 2 s is longer than a bucket at the floor asks
@@ -1383,7 +1384,7 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, []time.Duration{hold, hold}, spends(&st, &cfg, hold, hold+10*ms))
 	})
 	t.Run("one probe at a low floor", func(t *testing.T) {
-		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than half the hold
+		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than a quarter of the hold
 		var st ctlState
 		st.learn(&cfg, throttle(0, 0, s).signal())
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1300*ms))

@@ -20,10 +20,10 @@ import (
 
 // TestProbesAfterAHold: a throttle without counts holds the key for its
 // 1 s Retry-After, and the second request after the hold is refused the
-// same way: a sign of a storm, whose hold has six probes (at 100/s
-// configured: a floor of 10/s; their gaps take half the hold). Waiters
-// queued meanwhile go after it, the first six a floor's unit (100 ms)
-// apart, the rest at the key's rate again; a probe refused the
+// same way: a sign of a storm, whose hold has three probes (at 100/s
+// configured: a floor of 10/s; their gaps take a quarter of the hold).
+// Waiters queued meanwhile go after it, the first three a floor's unit
+// (100 ms) apart, the rest at the key's rate again; a probe refused the
 // same way is a storm's: for every limiter of the package that keeps a
 // rate, local and shared.
 func TestProbesAfterAHold(t *testing.T) {
@@ -47,7 +47,7 @@ func TestProbesAfterAHold(t *testing.T) {
 	for name, newLimiter := range limiters {
 		t.Run(name, func(t *testing.T) {
 			l := newLimiter(t)
-			const key, probes, waiters, gap = "api.example.com", 6, 9, 100 * time.Millisecond
+			const key, probes, waiters, gap = "api.example.com", 3, 6, 100 * time.Millisecond
 			// took is how long the last call took: a shared limiter's
 			// hold ends on Redis's clock, and the Decision dates it from the
 			// reply's receipt, up to that much after its true end.
