@@ -812,7 +812,7 @@ type storm struct {
 // one draw of eight (0.7⁶), and a storm of scenario C without headers went
 // untold for two holds at two seeds of six: 300 successes against the
 // per-pod peer's 410; with ten, one in thirty-six. Six after a sign's hold
-// of 1 s cost scenario E without headers a few points of its limit.)
+// of 1 s cost scenario E without headers about ten points of its limit.)
 const (
 	stormProbes      = 10
 	stormProbeShare  = 0.25
