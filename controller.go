@@ -896,7 +896,7 @@ func (st *storm) held(now, until time.Time, k int, gap time.Duration) {
 // (see spend). While the probes go (and no storm is believed) it is one,
 // and it returns when the next may go: a gap after its turn, but after the
 // last probe. Otherwise zero. (A turn before the hold's end, given before
-// the hold and taken late, is the hold's end.)
+// the hold and taken late, is the hold's end; one after now is now.)
 func (st *storm) space(now, turn time.Time) time.Time {
 	if st.gap == 0 || now.Before(st.holdEnd) || st.granted >= st.probes || now.Before(st.until) {
 		return time.Time{}

@@ -206,12 +206,18 @@ type grant struct {
 	delay time.Duration
 }
 
-// lag returns how much longer g's request waits for its turn, spread by
-// the decreases of the key's rate since it was reserved (see lowerings).
+// lag returns how much longer g's request waits for its turn.
 func (tb *TokenBucket) lag(g grant) time.Duration {
 	g.bk.mu.Lock()
 	defer g.bk.mu.Unlock()
-	return g.bk.lowered.due(g.at, g.at.Add(g.delay)).Sub(tb.clock.Now())
+	return g.turn().Sub(tb.clock.Now())
+}
+
+// turn returns when g's request is due: when it was reserved for, spread
+// by the decreases of the key's rate since (see lowerings). The caller
+// holds g.bk.mu.
+func (g grant) turn() time.Time {
+	return g.bk.lowered.due(g.at, g.at.Add(g.delay))
 }
 
 // cancel gives a grant's tokens back. A bucket with a pending reservation
@@ -243,10 +249,7 @@ func (tb *TokenBucket) commit(g grant, cost int) bool {
 	if ctl.hold.After(g.at) && ctl.hold.After(now) {
 		return false
 	}
-	// Its turn: when the reservation was due, spread by the decreases since
-	// (see lag), unless that is later than now.
-	turn := minTime(now, g.bk.lowered.due(g.at, g.at.Add(g.delay)))
-	return tb.spendLocked(g.bk, now, turn, cost)
+	return tb.spendLocked(g.bk, now, g.turn(), cost)
 }
 
 // spendLocked spends cost units of bk's budget for a request granted at
