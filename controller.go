@@ -122,7 +122,8 @@ type ctlState struct {
 	refill          refill        // a bucket's rate, measured from its reports when it states none
 	start           windowStart   // when a window that sends no reset began (see Quota.impliedReset)
 	room            time.Time     // when a bucket's count last showed room (see roomy)
-	roomRate        float64       // the key's rate then
+	roomRate        float64       // the rate it was sent at then (see roomy)
+	sent            sendPace      // when the key's last requests went (see roomy)
 	drain           drainMark     // the first count of a bucket below full (see drainMark)
 }
 
@@ -478,6 +479,7 @@ func (st *ctlState) spend(now, turn time.Time, cost int, rate float64) bool {
 	if budgeted {
 		st.budget -= float64(cost)
 	}
+	st.sent.add(now, cost)
 	// A probe after a hold: the next request goes a gap later (see storm).
 	if next := st.storm.space(now, turn); !next.IsZero() {
 		st.hold = maxTime(st.hold, next)
@@ -533,12 +535,61 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // refilling a unit or two a second faster than it is sent to, just under
 // its limit, then sped the climb into refusals: 3 to 8 in 5 s in the fleet
 // benchmark's scenario B, against 0 to 2.)
+//
+// Room says the limit is at least the rate the requests went at, which is
+// the key's rate only while they keep up with it: a caller may send less
+// than its rate, and a limiter's turns given ahead go at the rate they
+// were given at until a change moves them (a TokenBucket's climb between
+// responses leaves them where they are; see tokenBucket.retime). So the
+// climb is sped only while the key's last requests went at keepUp of its
+// rate or more, and the rate remembered for a level-off is the lower of
+// the two: the rate room was shown at. This is TCP's rule for a window
+// the sender does not fill (RFC 7661): it is not grown on the evidence of
+// traffic sent below it.
 func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
-	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() {
+	went := st.sent.rate(now)
+	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() &&
+		went >= keepUp*rate {
 		ahead := min(now.Sub(st.room), roomGap) * (roomBoost - 1)
 		st.climb = st.climb.Add(-min(ahead, now.Sub(st.climb)))
 	}
-	st.room, st.roomRate = now, rate
+	st.room, st.roomRate = now, min(rate, went)
+}
+
+// keepUp is the share of the key's rate its last requests must have gone
+// at for room to speed the climb (see roomy).
+const keepUp = 0.9
+
+// sendPace is when a key's last requests went, granted by its limiter,
+// and their costs: the rate they went at.
+type sendPace struct {
+	at   [16]time.Time
+	cost [16]int
+	next int
+}
+
+// add records a request of cost units granted at t.
+func (p *sendPace) add(t time.Time, cost int) {
+	p.at[p.next], p.cost[p.next] = t, cost
+	p.next = (p.next + 1) % len(p.at)
+}
+
+// rate returns the rate of the recorded requests as of now: the units
+// granted after the oldest over the time since it, in units per second;
+// +Inf until the record is full (too few to tell: as if they kept up).
+func (p *sendPace) rate(now time.Time) float64 {
+	oldest := p.at[p.next]
+	dt := now.Sub(oldest).Seconds()
+	if oldest.IsZero() || dt <= 0 {
+		return math.Inf(1)
+	}
+	units := 0
+	for i, c := range p.cost {
+		if i != p.next {
+			units += c
+		}
+	}
+	return float64(units) / dt
 }
 
 // counted applies a bucket's count on a success s (quota q), the key's
@@ -711,6 +762,9 @@ func (m *meter) add(sent time.Time, refused, accepted bool) {
 	}
 	n := sent.UnixNano() / int64(meterSlot)
 	i := n % int64(len(m.slot))
+	if i < 0 {
+		i += int64(len(m.slot)) // sent before 1970: a caller's own Signal may say so
+	}
 	if m.slot[i] != n {
 		m.slot[i], m.accepted[i], m.refused[i] = n, 0, 0
 	}
@@ -1006,19 +1060,12 @@ func defaultLearn(r Rate) learnConfig {
 	}
 }
 
-// lowerings are a key's last rate decreases, oldest first. A limiter that
-// gives turns ahead of time (a token bucket's reservations, the fleet's
-// GCRA turns) spreads the turns given before a decrease at the new rate:
-// otherwise a queue of waiters, a backlog of turns at the old rate, reaches
-// the provider faster than it allows for as long as the backlog lasts, and
-// meets a throttle of its own.
-type lowerings [4]lowering
-
-// lowering is a decrease of a key's rate decided at at, by factor (old over
-// new), that spreads the turns after from (the end of the key's hold, or
-// at: the turns inside a hold are taken again after it). The fleet's
-// changes are lowerings too, and its raises, factor below 1, bring the
-// turns in (see retimings).
+// lowering is a change of a key's rate decided at at, by factor (old over
+// new), that moves the turns given ahead of time after from (the end of
+// the key's hold, or at: the turns inside a hold are taken again after
+// it): a decrease spreads them at the new rate; a raise, factor below 1,
+// brings them in (a TokenBucket's, see retime; the fleet's, see
+// retimings).
 type lowering struct {
 	at, from time.Time
 	factor   float64
@@ -1042,31 +1089,3 @@ func scaled(d time.Duration, factor float64) time.Duration {
 	}
 	return most
 }
-
-// add records a decrease decided at at that spreads the turns after from
-// by factor, forgetting the oldest. A factor of 1 or less (or not a
-// number) is no decrease.
-func (ls *lowerings) add(at, from time.Time, factor float64) {
-	if !(factor > 1) || math.IsInf(factor, 0) {
-		return
-	}
-	copy(ls[:], ls[1:])
-	ls[len(ls)-1] = lowering{at: at, from: maxTime(at, from), factor: factor}
-}
-
-// due returns when a turn given at given, due at due, is due once the
-// decreases decided since are applied: each spreads what was still to come
-// after its from by its factor. (The turns given after a decrease already
-// queue behind the spread ones: x/time/rate counts the tokens they owe,
-// and the fleet's script moves its bucket's tat.)
-func (ls *lowerings) due(given, due time.Time) time.Time {
-	for _, l := range ls {
-		if l.at.After(given) {
-			due = l.move(due)
-		}
-	}
-	return due
-}
-
-// last returns when the latest decrease was decided, zero for none.
-func (ls *lowerings) last() time.Time { return ls[len(ls)-1].at }

@@ -1130,12 +1130,27 @@ func bucketCount(x sig, remaining float64) sig {
 // counts (limit 10, reset 1 s, a bucket by its dialect) are remaining(t) at
 // t, from from up to to, and returns the decisions that changed the rate.
 func countStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remaining func(time.Duration) float64) []Decision {
+	return sentStream(st, cfg, from, to, remaining, 0)
+}
+
+// sentStream is countStream with the requests sent at share of the key's
+// rate, each granted by the limiter (ctlState.spend) as it goes; share 0
+// sends at the rate and grants nothing.
+func sentStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remaining func(time.Duration) float64, share float64) []Decision {
 	var changed []Decision
+	pace := share
+	if pace == 0 {
+		pace = 1
+	}
 	for at := from; at < to; {
-		if d := st.learn(cfg, bucketCount(ok(at, at-2*time.Millisecond), remaining(at)).signal()); d.Why != "" {
+		sent := at - 2*time.Millisecond
+		if share > 0 {
+			st.spend(ctlEpoch.Add(sent), ctlEpoch.Add(sent), 1, st.rate(cfg, ctlEpoch.Add(sent)))
+		}
+		if d := st.learn(cfg, bucketCount(ok(at, sent), remaining(at)).signal()); d.Why != "" {
 			changed = append(changed, d)
 		}
-		at += time.Duration(float64(time.Second) / st.rate(cfg, ctlEpoch.Add(at)))
+		at += time.Duration(float64(time.Second) / (st.rate(cfg, ctlEpoch.Add(at)) * pace))
 	}
 	return changed
 }
@@ -1185,6 +1200,49 @@ func TestControllerRoomSteps(t *testing.T) {
 			}
 			require.NotEmpty(t, changed)
 			assert.Equal(t, tc.why, changed[0].Why)
+		})
+	}
+}
+
+// TestControllerRoomNeedsTheRate: room speeds the climb back only while
+// the key's requests go at its rate. Sent at it, counts with room climb
+// four times as fast, as in TestControllerRoomSteps; sent at 60% of it (a
+// queue given at a lower rate, or a caller that sends less), the same
+// counts say nothing of the key's rate, and the climb goes at CUBIC's
+// pace; a count with no room then levels it off at the rate the room was
+// shown at, not at the key's.
+func TestControllerRoomNeedsTheRate(t *testing.T) {
+	const ms = time.Millisecond
+	full := func(time.Duration) float64 { return 9 }
+	for _, tc := range []struct {
+		name     string
+		share    float64 // of the key's rate its requests go at
+		low, top float64 // the rate a second after the decrease
+	}{
+		{"sent at its rate: four times as fast", 1, 99.5, 100},
+		// (CUBIC's pace is 87.5; the first few counts after the decrease
+		// still find the last 16 requests at the rate before it.)
+		{"sent at 60% of it: CUBIC's pace", 0.6, 87.4, 91},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultLearn(PerSecond(100))
+			var st ctlState
+			sentStream(&st, &cfg, 0, time.Second, full, 1)
+			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
+			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+			assert.Empty(t, sentStream(&st, &cfg, time.Second+10*ms, 2*time.Second, full, tc.share), "a faster climb back is not told")
+			r := st.rate(&cfg, ctlEpoch.Add(2*time.Second))
+			assert.GreaterOrEqual(t, r, tc.low)
+			assert.LessOrEqual(t, r, tc.top)
+			if tc.share == 1 {
+				return
+			}
+			went := st.roomRate
+			assert.InDelta(t, tc.share*r, went, 0.05*r, "room was shown at the rate sent")
+			changed := sentStream(&st, &cfg, 2*time.Second, 2*time.Second+100*ms, func(time.Duration) float64 { return 0 }, tc.share)
+			require.NotEmpty(t, changed)
+			assert.Equal(t, "counted", changed[0].Why)
+			assert.InDelta(t, went, changed[0].New.PerSecond(), 0.5, "levelled off at the rate room was shown at")
 		})
 	}
 }

@@ -263,12 +263,21 @@ func (b budget) refuse(now time.Time, key string, cost int, d time.Duration) *Li
 // sleep waits for d on clk, or until ctx ends, in which case it returns
 // ctx.Err().
 func sleep(ctx context.Context, clk clock.Clock, d time.Duration) error {
+	return sleepOr(ctx, clk, d, nil)
+}
+
+// sleepOr is sleep that also returns, with nil, when wake is closed (a nil
+// wake never is).
+func sleepOr(ctx context.Context, clk clock.Clock, d time.Duration, wake <-chan struct{}) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
 	t := clk.NewTimer(d)
 	select {
 	case <-t.C():
+		return nil
+	case <-wake:
+		t.Stop()
 		return nil
 	case <-ctx.Done():
 		t.Stop()

@@ -123,3 +123,70 @@ func TestTokenBucketSpreadTurnKeepsMaxWait(t *testing.T) {
 		assert.Equal(t, ReasonMaxWait, le.Reason)
 	})
 }
+
+// TestTokenBucketRaiseBringsReservedTurnsIn: waiters that reserved their
+// turns at an advertised 50/s, when the provider advertises 100/s, go at
+// the new rate from the raise on, woken early: otherwise the queue (a
+// backlog of seconds at a low rate) goes at the old rate for as long as
+// it lasts, and what the provider's counts say of the key's rate is that
+// much old (see tokenBucket.retime). Turns reserved after the raise queue
+// behind them, at the new rate.
+func TestTokenBucketRaiseBringsReservedTurnsIn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tb, err := NewTokenBucket(PerSecond(100), 1, WithTransitMargin(0))
+		require.NoError(t, err)
+		ctx := context.Background()
+		start := time.Now()
+		advertise := func(limit float64) Decision {
+			now := time.Now()
+			return tb.Learn(ctx, "k", Signal{Status: http.StatusOK, SentAt: now, Now: now, Quotas: []Quota{{
+				Dimension: Requests, Limit: limit, HasLimit: true, Window: time.Second, HasWindow: true,
+				Remaining: limit / 2, HasRemaining: true,
+			}}})
+		}
+		_, err = tb.Wait(ctx, "k", 1, 0) // the bucket's token, at 0
+		require.NoError(t, err)
+		require.InDelta(t, 50, advertise(50).New.PerSecond(), 1e-9, "lowered to the advertised 50/s")
+		const before, after = 10, 3
+		var (
+			mu   sync.Mutex
+			done = map[int]time.Duration{}
+			wg   sync.WaitGroup
+		)
+		wait := func(i int) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := tb.Wait(ctx, "k", 1, 0)
+				assert.NoError(t, err)
+				mu.Lock()
+				done[i] = time.Since(start)
+				mu.Unlock()
+			}()
+			synctest.Wait() // reserved, in this order
+		}
+		for i := range before {
+			wait(i) // due at 20, 40, ... 200 ms
+		}
+		time.Sleep(30 * time.Millisecond)
+		require.InDelta(t, 100, advertise(100).New.PerSecond(), 1e-9, "raised to the advertised 100/s")
+		for i := range after {
+			wait(before + i)
+		}
+		wg.Wait()
+
+		ms := time.Millisecond
+		assert.Equal(t, 20*ms, done[0], "due before the raise: went at its time")
+		// Turn i was due at (i+1) × 20 ms; from the raise at 30 ms on, the
+		// rest of its wait is halved.
+		for i := 1; i < before; i++ {
+			want := 30*ms + (time.Duration(i+1)*20*ms-30*ms)/2
+			assert.Equal(t, want, done[i], "turn %d, reserved before the raise", i)
+		}
+		last := 30*ms + (before*20*ms-30*ms)/2
+		for i := range after {
+			assert.InDelta(t, last+time.Duration(i+1)*10*ms, done[before+i], float64(ms),
+				"turn %d, reserved after the raise: behind the brought-in turns, at the new rate", before+i)
+		}
+	})
+}
