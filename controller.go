@@ -547,7 +547,7 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // the sender does not fill (RFC 7661): it is not grown on the evidence of
 // traffic sent below it.
 func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
-	went := st.sent.rate(now)
+	went := st.sent.rate(now, rate)
 	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() &&
 		went >= keepUp*rate {
 		ahead := min(now.Sub(st.room), roomGap) * (roomBoost - 1)
@@ -561,35 +561,50 @@ func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
 const keepUp = 0.9
 
 // sendPace is when a key's last requests went, granted by its limiter,
-// and their costs: the rate they went at.
+// and their costs: the rate they went at (see roomy).
 type sendPace struct {
-	at   [16]time.Time
-	cost [16]int
-	next int
+	at    [64]time.Time
+	cost  [64]int
+	next  int
+	first time.Time // the first request recorded
 }
 
 // add records a request of cost units granted at t.
 func (p *sendPace) add(t time.Time, cost int) {
+	if p.first.IsZero() {
+		p.first = t
+	}
 	p.at[p.next], p.cost[p.next] = t, cost
 	p.next = (p.next + 1) % len(p.at)
 }
 
-// rate returns the rate of the recorded requests as of now: the units
-// granted after the oldest over the time since it, in units per second;
-// +Inf until the record is full (too few to tell: as if they kept up).
-func (p *sendPace) rate(now time.Time) float64 {
-	oldest := p.at[p.next]
-	dt := now.Sub(oldest).Seconds()
-	if oldest.IsZero() || dt <= 0 {
+// rate returns the rate the key's requests went at as of now, when its
+// rate is r: the units granted in the time of 16 units at r (at least a
+// quarter second, at most two), over that time; +Inf when the record does
+// not cover it (too soon to tell: as if they kept up). More requests in
+// that time than the record holds went at the rate of the record: its
+// units after its oldest, over the time since. The fleet's script counts
+// its turns granted in the same time (rate.lua's drain).
+func (p *sendPace) rate(now time.Time, r float64) float64 {
+	w := min(max(16/r, 0.25), 2)
+	from := now.Add(-time.Duration(w * float64(time.Second)))
+	if p.first.IsZero() || from.Before(p.first) {
 		return math.Inf(1)
 	}
 	units := 0
-	for i, c := range p.cost {
-		if i != p.next {
-			units += c
+	for i, t := range p.at {
+		if t.After(from) && !t.After(now) {
+			units += p.cost[i]
 		}
 	}
-	return float64(units) / dt
+	if oldest := p.at[p.next]; oldest.After(from) {
+		dt := now.Sub(oldest).Seconds()
+		if dt <= 0 {
+			return math.Inf(1)
+		}
+		return float64(units-p.cost[p.next]) / dt
+	}
+	return float64(units) / w
 }
 
 // counted applies a bucket's count on a success s (quota q), the key's

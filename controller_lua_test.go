@@ -388,26 +388,46 @@ func TestSharedBucketLevelsOff(t *testing.T) {
 	}
 }
 
+// roomCount is a bucket's count at at: remaining of 10, full again in 1 s.
+func roomCount(at time.Time, status int, remaining float64) Signal {
+	return Signal{Now: at, SentAt: at, Status: status, Quotas: []Quota{{Limit: 10, HasLimit: true,
+		Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
+}
+
+// sendCounted sends for d through l, at share of the Go controller's rate
+// (1: as fast as the fleet grants), each request granted by both
+// controllers, and learns a count of remaining after each; the next
+// reservation carries it to the script.
+func sendCounted(t *testing.T, l *SharedTokenBucket, cfg *learnConfig, goSt *ctlState, learn func(Signal), d time.Duration, share, remaining float64) {
+	t.Helper()
+	ctx := context.Background()
+	for end, next := time.Now().Add(d), time.Now(); time.Now().Before(end); {
+		time.Sleep(time.Until(next))
+		_, err := l.Wait(ctx, "k", 1, time.Second)
+		require.NoError(t, err)
+		now := time.Now()
+		goSt.spend(now, now, 1, goSt.rate(cfg, now))
+		learn(roomCount(now, 200, remaining))
+		// (From the last turn, not from now: the calls' own time is not
+		// added to every gap.)
+		next = maxTime(next, now.Add(-10*time.Millisecond)).Add(time.Duration(float64(time.Second) / (share * goSt.rate(cfg, now))))
+	}
+}
+
 // TestSharedBucketRoomClimbsFaster: as TestControllerRoomSteps, through
 // Redis: a bucket's counts that show room, carried to the script by the
-// next reservation (reserve.lua's drain), run the fleet's climb back four
-// times as fast, as the Go controller's; a count with no room levels it off
-// at the rate of the last one with room.
+// next reservation (reserve.lua's drain), while the fleet sends at its
+// rate, run the fleet's climb back four times as fast, as the Go
+// controller's; a count with no room levels it off at the rate of the
+// last one with room.
 func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	ctx := context.Background()
-	l, cfg, goSt, learn := sharedBesideGo(t, "room", true)
-	count := func(at time.Time, status int, remaining float64) Signal {
-		return Signal{Now: at, SentAt: at, Status: status, Quotas: []Quota{{Limit: 10, HasLimit: true,
-			Remaining: remaining, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
-	}
-	start := time.Now()
-	refusal := count(start, 429, 0)
+	l, cfg, goSt, learn := sharedBesideGo(t, "room", false)
+	count := roomCount
+	refusal := count(time.Now(), 429, 0)
 	refusal.HasRetryAfter = true
 	learn(refusal) // 70/s, climbing back to 100 (K = 3.9 s)
-	for i := 1; i <= 5; i++ {
-		time.Sleep(time.Until(start.Add(time.Duration(i) * 100 * time.Millisecond)))
-		learn(count(time.Now(), 200, 9))
-	}
+	sendCounted(t, l, cfg, goSt, learn, 500*time.Millisecond, 1, 9)
 	now := time.Now()
 	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
 	// (The fleet's clock runs ahead on the counts its reservations carry,
@@ -426,7 +446,35 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	got, want = l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
 	assert.Less(t, want, 95.0, "the Go controller levelled off")
 	assert.Less(t, got, 95.0, "the fleet levelled off")
-	assert.InDelta(t, want, got, 1.5, "the fleet's rate, levelled off")
+	// (The rate room was shown at is what went in a quarter second, in
+	// whole requests: 4/s apart, as the Go controller and the script
+	// count them.)
+	assert.InDelta(t, want, got, 4.5, "the fleet's rate, levelled off")
+}
+
+// TestSharedBucketRoomNeedsTheRate: as TestControllerRoomNeedsTheRate,
+// through Redis: the same counts with room, while the fleet sends at 60%
+// of its rate, say nothing of its rate, and neither the script nor the Go
+// controller speeds the climb back (CUBIC alone: 80/s half a second
+// after the decrease; sped all along, 91 or more, as in
+// TestSharedBucketRoomClimbsFaster).
+func TestSharedBucketRoomNeedsTheRate(t *testing.T) {
+	l, cfg, goSt, learn := sharedBesideGo(t, "keepup", false)
+	// At the configured rate first, counts with room: nothing to climb.
+	sendCounted(t, l, cfg, goSt, learn, 300*time.Millisecond, 1, 9)
+	refusal := roomCount(time.Now(), 429, 0)
+	refusal.HasRetryAfter = true
+	learn(refusal) // 70/s, climbing back to 100
+	start := time.Now()
+	sendCounted(t, l, cfg, goSt, learn, 500*time.Millisecond, 0.6, 9)
+	now := time.Now()
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+	// (The first counts after the decrease still find the last requests
+	// at the configured rate, and speed the climb a little: 84 or so.)
+	cubic := cubic(now.Sub(start).Seconds(), 70, 100, cfg.c)
+	assert.Less(t, want, cubic+6, "the Go controller's climb was not sped (CUBIC alone: %.1f)", cubic)
+	assert.Less(t, got, cubic+6, "the fleet's climb was not sped (CUBIC alone: %.1f)", cubic)
+	assert.InDelta(t, want, got, 4, "the fleet's rate")
 }
 
 // TestSharedBucketLevelsAtTheRefill: as TestControllerLevelsAtTheRefill,

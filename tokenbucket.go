@@ -485,6 +485,7 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	if bk.ctl == nil {
 		bk.ctl = &ctlState{}
 	}
+	before := bk.ctl.rate(&tb.learn, s.Now)
 	d := bk.ctl.learn(&tb.learn, s)
 	if !d.Hold.IsZero() {
 		bk.resume = maxTime(bk.resume, d.Hold)
@@ -503,18 +504,19 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 			bk.ctl.decreased = maxTime(bk.ctl.decreased, now.Add(time.Duration(backlog*float64(time.Second))))
 		}
 	}
-	// The key's rate as the controller left it, told or not (a climb sped
-	// by room is not told): the turns reserved move with it (see retime).
-	now := bk.inOrder(tb.clock.Now())
-	if old, l := bk.lim.Limit(), rate.Limit(bk.ctl.rate(&tb.learn, now)); l != old {
-		if l > old {
+	// The change s made to the key's rate, told or not (a climb sped by
+	// room is not told): the turns reserved move with it (see retime).
+	if after := bk.ctl.rate(&tb.learn, s.Now); after != before {
+		now, l := bk.inOrder(tb.clock.Now()), rate.Limit(after)
+		switch {
+		case after < before:
+			bk.setRate(now, l)
+		case l > bk.lim.Limit():
 			// (Brought in, the turns given owe what they did: repaid at
 			// the new rate, the next turn comes after the last of them.)
 			bk.lim.SetLimitAt(now, l)
-		} else {
-			bk.setRate(now, l)
 		}
-		bk.retime(maxTime(now, bk.ctl.hold), float64(old)/float64(l))
+		bk.retime(maxTime(now, bk.ctl.hold), before/after)
 	}
 	return d
 }

@@ -297,8 +297,8 @@ end
 -- last count that showed room, within 2 s, when lower (and at least half
 -- the rate); counts that fell by 2 or more with room left level it off at
 -- the refill rate too, when lower. A count that shows room (all but one
--- unit of the limit left) runs the climb's clock 4 times as fast
--- (controller.go's roomy). A bucket of one unit (a limit under 2) shows 0
+-- unit of the limit left) runs the climb's clock 4 times as fast, while
+-- the fleet's turns keep up with its rate (controller.go's roomy). A bucket of one unit (a limit under 2) shows 0
 -- after every request it accepts: its counts neither level nor speed it.
 local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim, read)
   local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist')
@@ -341,11 +341,23 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
   end
   if left > 0 and lim and lim >= 2 and left >= lim - 1 then
-    if climbing and room then
+    -- (Room speeds the climb only while the fleet's turns keep up with its
+    -- rate: those granted in the time of 16 units at the rate, at least a
+    -- quarter second and at most two, at 0.9 of it or more; the rate
+    -- remembered is the lower of the two. See controller.go's roomy and
+    -- sendPace.)
+    local went = rate
+    local w = math.min(math.max(16000000 / rate, 250000), 2000000)
+    local n = between(key, now - w, now, hist)
+    -- (between counts whole slots of the ring: those from the one after
+    -- now - w's, whose start is the time counted from)
+    local since = (math.floor((now - w) / ringSlot) + 1) * ringSlot
+    if n and now > since then went = math.min(rate, n * 1000000 / (now - since)) end
+    if climbing and room and went >= 0.9 * rate then
       local ahead = math.min(math.min(now - room, 250000) * 3, now - climb)
       redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))
     end
-    redis.call('HSET', key, 'room', string.format('%.0f', now), 'roomr', string.format('%.17g', rate))
+    redis.call('HSET', key, 'room', string.format('%.0f', now), 'roomr', string.format('%.17g', went))
   end
   return math.max(tat, math.min(read or now, now) + (b - keep) * interval)
 end
