@@ -30,23 +30,8 @@ func TestTokenBucketDecreaseSpreadsReservedTurns(t *testing.T) {
 		ctx := context.Background()
 		start := time.Now()
 		const before, after = 20, 5
-		var (
-			mu   sync.Mutex
-			done = map[int]time.Duration{}
-			wg   sync.WaitGroup
-		)
-		wait := func(i int) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, err := tb.Wait(ctx, "k", 1, 0)
-				assert.NoError(t, err)
-				mu.Lock()
-				done[i] = time.Since(start)
-				mu.Unlock()
-			}()
-			synctest.Wait() // reserved, in this order
-		}
+		turns := newTurnLog(t, tb, start)
+		wait, done := turns.wait, turns.done
 		for i := range before {
 			wait(i)
 		}
@@ -63,7 +48,7 @@ func TestTokenBucketDecreaseSpreadsReservedTurns(t *testing.T) {
 		for i := range after {
 			wait(before + i)
 		}
-		wg.Wait()
+		turns.wg.Wait()
 
 		unit := time.Duration(float64(time.Second) / lowered)
 		assert.Equal(t, time.Duration(0), done[0], "the first took the bucket's token")
@@ -148,23 +133,8 @@ func TestTokenBucketRaiseBringsReservedTurnsIn(t *testing.T) {
 		require.NoError(t, err)
 		require.InDelta(t, 50, advertise(50).New.PerSecond(), 1e-9, "lowered to the advertised 50/s")
 		const before, after = 10, 3
-		var (
-			mu   sync.Mutex
-			done = map[int]time.Duration{}
-			wg   sync.WaitGroup
-		)
-		wait := func(i int) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, err := tb.Wait(ctx, "k", 1, 0)
-				assert.NoError(t, err)
-				mu.Lock()
-				done[i] = time.Since(start)
-				mu.Unlock()
-			}()
-			synctest.Wait() // reserved, in this order
-		}
+		turns := newTurnLog(t, tb, start)
+		wait, done := turns.wait, turns.done
 		for i := range before {
 			wait(i) // due at 20, 40, ... 200 ms
 		}
@@ -173,7 +143,7 @@ func TestTokenBucketRaiseBringsReservedTurnsIn(t *testing.T) {
 		for i := range after {
 			wait(before + i)
 		}
-		wg.Wait()
+		turns.wg.Wait()
 
 		ms := time.Millisecond
 		assert.Equal(t, 20*ms, done[0], "due before the raise: went at its time")
@@ -189,4 +159,33 @@ func TestTokenBucketRaiseBringsReservedTurnsIn(t *testing.T) {
 				"turn %d, reserved after the raise: behind the brought-in turns, at the new rate", before+i)
 		}
 	})
+}
+
+// turnLog starts waiters of tb's key "k", one at a time, and records when
+// each got its turn, from start.
+type turnLog struct {
+	t     *testing.T
+	tb    *TokenBucket
+	start time.Time
+	mu    sync.Mutex
+	done  map[int]time.Duration // guarded by mu until wg is done
+	wg    sync.WaitGroup
+}
+
+func newTurnLog(t *testing.T, tb *TokenBucket, start time.Time) *turnLog {
+	return &turnLog{t: t, tb: tb, start: start, done: map[int]time.Duration{}}
+}
+
+// wait starts waiter i and returns once it has reserved its turn.
+func (l *turnLog) wait(i int) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		_, err := l.tb.Wait(context.Background(), "k", 1, 0)
+		assert.NoError(l.t, err)
+		l.mu.Lock()
+		l.done[i] = time.Since(l.start)
+		l.mu.Unlock()
+	}()
+	synctest.Wait() // reserved, in this order
 }
