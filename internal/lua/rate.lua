@@ -343,7 +343,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   if left > 0 and lim and lim >= 2 and left >= lim - 1 then
     -- (Room speeds the climb only while the fleet's turns keep up with its
     -- rate: those granted in the time of 16 units at the rate, at least a
-    -- quarter second and at most two, at 0.9 of it or more; the rate
+    -- quarter second and at most two, at 0.75 of it or more; the rate
     -- remembered is the lower of the two. See controller.go's roomy and
     -- sendPace.)
     local went = rate
@@ -353,7 +353,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     -- now - w's, whose start is the time counted from)
     local since = (math.floor((now - w) / ringSlot) + 1) * ringSlot
     if n and now > since then went = math.min(rate, n * 1000000 / (now - since)) end
-    if climbing and room and went >= 0.9 * rate then
+    if climbing and room and went >= 0.75 * rate then
       local ahead = math.min(math.min(now - room, 250000) * 3, now - climb)
       redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))
     end
