@@ -543,13 +543,14 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // responses leaves them where they are; see tokenBucket.retime). So the
 // climb is sped only while the key's last requests went at keepUp of its
 // rate or more, and the rate remembered for a level-off is the lower of
-// the two: the rate room was shown at. This is TCP's rule for a window
+// the two: the rate room was shown at. (The fleet's script remembers the
+// key's rate while its turns keep up: see drain in rate.lua.) This is TCP's rule for a window
 // the sender does not fill (RFC 7661): it is not grown on the evidence of
 // traffic sent below it.
 func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
 	went := st.sent.rate(now, rate)
-	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() &&
-		went >= keepUp*rate {
+	kept := went >= keepUp*rate
+	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() && kept {
 		ahead := min(now.Sub(st.room), roomGap) * (roomBoost - 1)
 		st.climb = st.climb.Add(-min(ahead, now.Sub(st.climb)))
 	}
