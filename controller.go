@@ -544,9 +544,9 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // climb is sped only while the key's last requests went at keepUp of its
 // rate or more, and the rate remembered for a level-off is the lower of
 // the two: the rate room was shown at. (The fleet's script remembers the
-// key's rate while its turns keep up: see drain in rate.lua.) This is TCP's rule for a window
-// the sender does not fill (RFC 7661): it is not grown on the evidence of
-// traffic sent below it.
+// key's rate while its turns keep up: see drain in rate.lua.) This is
+// TCP's rule for a window the sender does not fill (RFC 7661): it is not
+// grown on the evidence of traffic sent below it.
 func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
 	went := st.sent.rate(now, rate)
 	kept := went >= keepUp*rate
@@ -566,20 +566,22 @@ func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
 const keepUp = 0.75
 
 // sendPace is when a key's last requests went, granted by its limiter,
-// and their costs: the rate they went at (see roomy).
+// and their costs: the rate they went at (see roomy). (Unix nanoseconds,
+// and costs up to 2³¹: 384 bytes a key.)
 type sendPace struct {
-	at    [64]time.Time
-	cost  [64]int
+	at    [32]int64
+	cost  [32]int32
 	next  int
-	first time.Time // the first request recorded
+	first int64 // the first request recorded; 0 for none
 }
 
 // add records a request of cost units granted at t.
 func (p *sendPace) add(t time.Time, cost int) {
-	if p.first.IsZero() {
-		p.first = t
+	ns := t.UnixNano()
+	if p.first == 0 {
+		p.first = ns
 	}
-	p.at[p.next], p.cost[p.next] = t, cost
+	p.at[p.next], p.cost[p.next] = ns, int32(min(cost, math.MaxInt32))
 	p.next = (p.next + 1) % len(p.at)
 }
 
@@ -592,24 +594,24 @@ func (p *sendPace) add(t time.Time, cost int) {
 // its turns granted in the same time (rate.lua's drain).
 func (p *sendPace) rate(now time.Time, r float64) float64 {
 	w := min(max(16/r, 0.25), 2)
-	from := now.Add(-time.Duration(w * float64(time.Second)))
-	if p.first.IsZero() || from.Before(p.first) {
+	to := now.UnixNano()
+	from := to - int64(w*float64(time.Second))
+	if p.first == 0 || from < p.first {
 		return math.Inf(1)
 	}
-	units := 0
+	units := 0.0
 	for i, t := range p.at {
-		if t.After(from) && !t.After(now) {
-			units += p.cost[i]
+		if t > from && t <= to {
+			units += float64(p.cost[i])
 		}
 	}
-	if oldest := p.at[p.next]; oldest.After(from) {
-		dt := now.Sub(oldest).Seconds()
-		if dt <= 0 {
+	if oldest := p.at[p.next]; oldest > from {
+		if oldest >= to {
 			return math.Inf(1)
 		}
-		return float64(units-p.cost[p.next]) / dt
+		return (units - float64(p.cost[p.next])) / time.Duration(to-oldest).Seconds()
 	}
-	return float64(units) / w
+	return units / w
 }
 
 // counted applies a bucket's count on a success s (quota q), the key's

@@ -298,8 +298,9 @@ end
 -- the rate); counts that fell by 2 or more with room left level it off at
 -- the refill rate too, when lower. A count that shows room (all but one
 -- unit of the limit left) runs the climb's clock 4 times as fast, while
--- the fleet's turns keep up with its rate (controller.go's roomy). A bucket of one unit (a limit under 2) shows 0
--- after every request it accepts: its counts neither level nor speed it.
+-- the fleet's turns keep up with its rate (controller.go's roomy). A
+-- bucket of one unit (a limit under 2) shows 0 after every request it
+-- accepts: its counts neither level nor speed it.
 local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim, read)
   local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist')
   local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
