@@ -3,7 +3,6 @@ package egress
 import (
 	"context"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -60,8 +59,12 @@ type tokenBucket struct {
 }
 
 // turn is when a reserved turn is due, as the changes of the key's rate
-// since it was reserved move it (see retime).
-type turn struct{ due time.Time }
+// since it was reserved move it (see retime), and its place in the
+// bucket's list of them (-1 once done).
+type turn struct {
+	due time.Time
+	i   int
+}
 
 // retime moves the turns reserved and still to come by factor (the old
 // rate over the new) from from (the end of the key's hold, or now: the
@@ -91,12 +94,25 @@ func (b *tokenBucket) retime(from time.Time, factor float64) {
 	}
 }
 
-// done forgets t: its waiter goes, or gives its tokens back. The caller
+// wait adds t to the turns still to come. The caller holds b.mu.
+func (b *tokenBucket) wait(t *turn) {
+	t.i = len(b.waiting)
+	b.waiting = append(b.waiting, t)
+}
+
+// done forgets t, in constant time (10,000 waiters cancelled at once each
+// forget theirs): its waiter goes, or gives its tokens back. The caller
 // holds b.mu.
 func (b *tokenBucket) done(t *turn) {
-	if i := slices.Index(b.waiting, t); i >= 0 {
-		b.waiting = slices.Delete(b.waiting, i, i+1)
+	if t.i < 0 {
+		return
 	}
+	last := len(b.waiting) - 1
+	b.waiting[t.i] = b.waiting[last]
+	b.waiting[t.i].i = t.i
+	b.waiting[last] = nil
+	b.waiting = b.waiting[:last]
+	t.i = -1
 }
 
 // setRate sets b's rate to l at t. x/time/rate counts the turns reserved
@@ -412,7 +428,7 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 		return grant{}, nil
 	}
 	g.t = &turn{due: now.Add(g.delay)}
-	bk.waiting = append(bk.waiting, g.t)
+	bk.wait(g.t)
 	return g, nil
 }
 
