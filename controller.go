@@ -69,6 +69,9 @@ type Decision struct {
 	// more in its own (in debt, below 0), rather than hold the key.
 	drain bool
 	keep  float64
+	// from and to: the key's rate before and after the response, told or
+	// not (a climb sped by room is not told), in units per second.
+	from, to float64
 }
 
 // shape is what a key's reset means, as learnt from the provider, or as
@@ -261,7 +264,8 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			st.decrease(cfg, now, old)
 		}
 	}
-	if new := st.rate(cfg, now); new != old {
+	d.from, d.to = old, st.rate(cfg, now)
+	if new := d.to; new != old {
 		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
 		switch {
 		case stormStarts:
@@ -275,7 +279,9 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	if roomy {
 		// (after the rate change is told: a faster climb back is a climb
 		// back, whose rates in between are not told either)
-		st.roomy(cfg, now, old)
+		if st.roomy(cfg, now, old) {
+			d.to = st.rate(cfg, now)
+		}
 	}
 	return d
 }
@@ -546,15 +552,18 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 // the two: the rate room was shown at. (The fleet's script remembers the
 // key's rate while its turns keep up: see drain in rate.lua.) This is
 // TCP's rule for a window the sender does not fill (RFC 7661): it is not
-// grown on the evidence of traffic sent below it.
-func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) {
+// grown on the evidence of traffic sent below it. roomy reports whether
+// it sped the climb.
+func (st *ctlState) roomy(cfg *learnConfig, now time.Time, rate float64) (sped bool) {
 	went := st.sent.rate(now, rate)
 	kept := went >= keepUp*rate
 	if cfg.discover && !st.climb.IsZero() && now.After(st.climb) && rate < cfg.configured && !st.room.IsZero() && kept {
 		ahead := min(now.Sub(st.room), roomGap) * (roomBoost - 1)
 		st.climb = st.climb.Add(-min(ahead, now.Sub(st.climb)))
+		sped = ahead > 0
 	}
 	st.room, st.roomRate = now, min(rate, went)
+	return sped
 }
 
 // keepUp is the share of the key's rate its last requests must have gone

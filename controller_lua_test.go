@@ -423,8 +423,7 @@ func sendCounted(t *testing.T, l *SharedTokenBucket, cfg *learnConfig, goSt *ctl
 func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	ctx := context.Background()
 	l, cfg, goSt, learn := sharedBesideGo(t, "room", false)
-	count := roomCount
-	refusal := count(time.Now(), 429, 0)
+	refusal := roomCount(time.Now(), 429, 0)
 	refusal.HasRetryAfter = true
 	learn(refusal) // 70/s, climbing back to 100 (K = 3.9 s)
 	sendCounted(t, l, cfg, goSt, learn, 500*time.Millisecond, 1, 9)
@@ -438,7 +437,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	// No room: levelled off at the last count with room (95/s or so),
 	// where the climb, four times as fast, would reach the configured 100
 	// by the end.
-	learn(count(time.Now(), 200, 0))
+	learn(roomCount(time.Now(), 200, 0))
 	time.Sleep(300 * time.Millisecond)
 	_, err := l.Wait(ctx, "k", 1, time.Second)
 	require.NoError(t, err)

@@ -486,14 +486,8 @@ func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due ti
 				return e
 			}
 		}
-		t := s.clock.NewTimer(left)
-		select {
-		case <-t.C():
-		case <-moved:
-			t.Stop()
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleepOr(ctx, s.clock, left, moved); err != nil {
+			return err
 		}
 		s.mu.Lock()
 		due, applied = r.apply(due, applied, reservedAt)

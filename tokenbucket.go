@@ -232,7 +232,7 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 		given := g.at.Add(g.delay)
 		for {
 			now := tb.clock.Now()
-			due, moved := tb.lag(g)
+			due, moved := tb.due(g)
 			lag := due.Sub(now)
 			if lag <= 0 {
 				break
@@ -271,9 +271,9 @@ type grant struct {
 	t     *turn
 }
 
-// lag returns when g's request is due, and a channel closed when its turn
+// due returns when g's request is due, and a channel closed when its turn
 // moves earlier (see retime).
-func (tb *TokenBucket) lag(g grant) (time.Time, <-chan struct{}) {
+func (tb *TokenBucket) due(g grant) (time.Time, <-chan struct{}) {
 	g.bk.mu.Lock()
 	defer g.bk.mu.Unlock()
 	if g.bk.moved == nil {
@@ -501,7 +501,6 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	if bk.ctl == nil {
 		bk.ctl = &ctlState{}
 	}
-	before := bk.ctl.rate(&tb.learn, s.Now)
 	d := bk.ctl.learn(&tb.learn, s)
 	if !d.Hold.IsZero() {
 		bk.resume = maxTime(bk.resume, d.Hold)
@@ -522,17 +521,17 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	}
 	// The change s made to the key's rate, told or not (a climb sped by
 	// room is not told): the turns reserved move with it (see retime).
-	if after := bk.ctl.rate(&tb.learn, s.Now); after != before {
-		now, l := bk.inOrder(tb.clock.Now()), rate.Limit(after)
+	if d.to != d.from {
+		now, l := bk.inOrder(tb.clock.Now()), rate.Limit(d.to)
 		switch {
-		case after < before:
+		case d.to < d.from:
 			bk.setRate(now, l)
 		case l > bk.lim.Limit():
 			// (Brought in, the turns given owe what they did: repaid at
 			// the new rate, the next turn comes after the last of them.)
 			bk.lim.SetLimitAt(now, l)
 		}
-		bk.retime(maxTime(now, bk.ctl.hold), before/after)
+		bk.retime(maxTime(now, bk.ctl.hold), d.from/d.to)
 	}
 	return d
 }
