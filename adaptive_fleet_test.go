@@ -467,3 +467,48 @@ func TestAdaptiveSharedEffectiveRateIsExact(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, PerMinute(100), l.EffectiveRate("k"), "nothing learnt: the configured rate")
 }
+
+// TestAdaptiveFleetHeldAndLoweredResumesAtTheNewRate: a throttle that
+// holds a key and lowers its rate (by beta, 100/s to 70/s) leaves the
+// token bucket empty as of the hold's end at the new rate, not at the
+// old: the requests waiting go a unit of 70/s apart from there. (The
+// fleet's bucket was emptied at the old rate's unit before the decrease:
+// nine units of 100/s, a burst of four at 70/s went at the hold's end,
+// and after a decrease to 34/s, of six; a provider with a burst of five
+// refused the sixth.)
+func TestAdaptiveFleetHeldAndLoweredResumesAtTheNewRate(t *testing.T) {
+	limiters := map[string]func(t *testing.T) Limiter{
+		"TokenBucket": func(t *testing.T) Limiter {
+			return mustTB(t, PerSecond(100), 10, WithTransitMargin(0))
+		},
+		"SharedTokenBucket": func(t *testing.T) Limiter {
+			return newSharedTB(t, redistest.Start(t).Client(t), "lowered", PerSecond(100), 10,
+				WithCommandTimeout(roomyTimeout), WithTransitMargin(0))
+		},
+	}
+	for name, newLimiter := range limiters {
+		t.Run(name, func(t *testing.T) {
+			l := newLimiter(t)
+			const key, waiters = "api.example.com", 6
+			now := time.Now()
+			d := l.(Learner).Learn(context.Background(), key, Signal{
+				Status: http.StatusTooManyRequests, Now: now, SentAt: now.Add(-time.Millisecond),
+				RetryAfter: time.Second, HasRetryAfter: true,
+			})
+			require.False(t, d.Hold.IsZero(), "the throttle holds the key: %+v", d)
+			require.InDelta(t, 70, d.New.PerSecond(), 0.5, "and lowers it by beta: %+v", d)
+			wait, _ := startWaiters(t, l, key, waiters)
+			done := wait()
+			unit := time.Second / 70
+			var offs []time.Duration
+			for _, at := range done {
+				offs = append(offs, at.Sub(d.Hold).Round(time.Millisecond))
+			}
+			t.Logf("after the hold's end: %v (a unit at 70/s: %v)", offs, unit)
+			// Waiters may wake late, each alone: the span, not each gap
+			// (71 ms; 32 ms when four went at once).
+			assert.GreaterOrEqual(t, done[waiters-1].Sub(done[0]), time.Duration(float64(waiters-1)*0.6*float64(unit)),
+				"%d requests after the hold go a unit of the new rate apart", waiters)
+		})
+	}
+}

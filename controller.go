@@ -106,6 +106,7 @@ type ctlState struct {
 	advertised      float64   // units per second; 0 when none
 	advertisedUntil time.Time // when the advertised limit is forgotten
 	wmax, w0        float64   // discovery: the aim of the climb back, and the rate right after the last decrease
+	plateau         float64   // seconds the climb stays at its aim before it grows beyond (see plateauFor)
 	climb           time.Time // when the climb back starts (the decrease, or the end of its hold); zero for never
 	decreased       time.Time // when the last decrease was decided (or the end of the turns given before it)
 	hold            time.Time // the key is held until then
@@ -139,7 +140,7 @@ func (s *ctlState) rate(cfg *learnConfig, now time.Time) float64 {
 	}
 	if cfg.discover && !s.climb.IsZero() {
 		t := max(now.Sub(s.climb).Seconds(), 0)
-		r = min(r, max(cubic(t, s.w0, s.wmax, cfg.c), cfg.floor))
+		r = min(r, max(cubic(t, s.w0, s.wmax, cfg.c, s.plateau), cfg.floor))
 	}
 	return r
 }
@@ -152,14 +153,24 @@ func (s *ctlState) atRest(cfg *learnConfig, now time.Time) bool {
 }
 
 // cubic is the CUBIC rate t seconds after a decrease to w0: w0 at t = 0,
-// levelling off at wmax at t = K, and growing beyond. c is relative to
-// wmax, so that the curve's shape does not depend on the rate's scale.
-func cubic(t, w0, wmax, c float64) float64 {
+// levelling off at wmax at t = K, staying there plateau seconds more, and
+// growing beyond. c is relative to wmax, so that the curve's shape does
+// not depend on the rate's scale.
+func cubic(t, w0, wmax, c, plateau float64) float64 {
 	if wmax <= 0 {
 		return w0
 	}
-	k := math.Cbrt(max(wmax-w0, 0) / (c * wmax))
+	k := cubicK(w0, wmax, c)
+	if t > k {
+		t = max(k, t-plateau)
+	}
 	return wmax + c*wmax*math.Pow(t-k, 3)
+}
+
+// cubicK is K, the seconds the CUBIC climb from w0 takes to reach wmax
+// (wmax above 0).
+func cubicK(w0, wmax, c float64) float64 {
+	return math.Cbrt(max(wmax-w0, 0) / (c * wmax))
 }
 
 // evidence is what a signal means for the key's controller.
@@ -204,7 +215,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			ev, stormStarts = evOther, entered
 			if entered {
 				// The decreases the storm caused were mistaken.
-				st.wmax, st.w0, st.climb = 0, 0, time.Time{}
+				st.wmax, st.w0, st.climb, st.plateau = 0, 0, time.Time{}, 0
 			}
 		}
 	}
@@ -261,7 +272,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// and lowers nothing (discovery is for limits nobody states).
 		advertised := st.advertised > 0 && now.Before(st.advertisedUntil)
 		if s.throttled() && cfg.discover && !advertised && (st.decreased.IsZero() || s.SentAt.After(st.decreased)) {
-			st.decrease(cfg, now, old)
+			st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor))
 		}
 	}
 	d.from, d.to = old, st.rate(cfg, now)
@@ -497,15 +508,23 @@ func (st *ctlState) spend(now, turn time.Time, cost int, rate float64) bool {
 // the limit the key's recent outcomes show (the share of its requests the
 // provider accepted, times the rate they were sent at), or by beta when
 // there are too few of them (by nearBeta near a limit found before, the
-// climb back then aiming at nearAim of w); and the climb back aims at that
-// limit, or without an estimate at w (CUBIC's fast convergence when it is
-// below the last aim, RFC 8312 §4.6), aimUnder under it unless the key is a
-// bucket.
-func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
+// climb back then aiming at nearAim of w; by beta twice after a bare
+// throttle early in the climb that asked for a wait, see early); and the
+// climb back aims at that limit, or without an estimate at w (CUBIC's fast
+// convergence when it is below the last aim, RFC 8312 §4.6), aimUnder under
+// it unless the key is a bucket. bare: the throttle carried no count at
+// all; waits: it asked for a wait (Retry-After) longer than a unit at the
+// floor rate, the hold of a throttle that says nothing (see unsaid).
+func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, waits bool) {
 	wmax, w0 := w, cfg.beta*w
 	if est, ok := st.meter.estimate(now, w); ok && est < w {
 		wmax = est
 		w0 = est * estimateMargin
+	} else if bare && waits && early(st.w0, st.wmax, w) {
+		wmax, w0 = cfg.beta*w, cfg.beta*cfg.beta*w
+		if st.shape != shapeBucket {
+			wmax *= aimUnder
+		}
 	} else {
 		if w < st.wmax {
 			wmax = w * (1 + cfg.beta) / 2
@@ -524,6 +543,10 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64) {
 	st.wmax, st.w0 = wmax, max(w0, cfg.floor)
 	st.decreased = now
 	st.climb = maxTime(now, st.hold)
+	st.plateau = 0
+	if bare {
+		st.plateau = plateauFor(st.climb.Sub(now), st.w0, st.wmax, cfg.c)
+	}
 }
 
 // roomy records a bucket's count on a success that shows room — the
@@ -669,7 +692,7 @@ func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, ra
 		st.drain.count(sent, q)
 		return false
 	}
-	st.wmax, st.w0, st.climb = lvl, lvl, now
+	st.wmax, st.w0, st.climb, st.plateau = lvl, lvl, now, 0
 	st.drain = drainMark{at: sent, rem: q.Remaining}
 	return lvl < rate
 }
@@ -756,6 +779,58 @@ const (
 	nearLimit = 1.25
 	nearBeta  = 0.9
 	nearAim   = 0.97
+)
+
+// early reports whether a throttle at rate w came early in the climb back
+// after a decrease to w0 aiming at wmax: in its lower half, the rate
+// hardly up from where the decrease set it. A throttle without counts that
+// asks for a wait then shows that the decrease was too small by as much
+// again, and the next is by beta twice, aiming at beta of w, aimUnder
+// under it unless the key is a bucket (the multiplicative decrease
+// compounds, as TCP's backoff doubles on a loss soon after the last).
+// Without counts each throttle holds the key for its Retry-After, a second
+// as providers round it up, and tells nothing of how far the limit is
+// below: from a rate five times a provider's limit, decreases by beta
+// alone took five holds to get under it, with the key sending for a few
+// milliseconds between them (a fifth of the limit over the fleet
+// benchmark's scenario B at 20/s), and a limit dropped from 100/s to 40/s
+// took three (its last refusal 3 s after the drop, in scenario B'). A
+// throttle that asks for no wait holds the key a unit at the floor rate
+// only (see unsaid), and decreases by beta cost that much each:
+// compounded, three refusals of a provider with a burst of one, a tenth of
+// a second apart, set the key at its floor (scenario G of the fleet
+// benchmark, the local TokenBucket).
+func early(w0, wmax, w float64) bool {
+	return w0 > 0 && wmax > w0 && w <= (w0+wmax)/2
+}
+
+// plateauFor returns how long the climb back after a decrease to w0,
+// aiming at wmax, stays at its aim before it grows beyond, when the
+// throttle that caused it carried no count and held the key for hold:
+// until probeHolds holds after the climb began, at most maxPlateau.
+// Without counts only a refusal finds the limit, and each refusal holds
+// the key for its Retry-After (a second, as providers round it up) and
+// lowers the rate: the curve's growth beyond its aim probes the limit at
+// that price, and CUBIC's own, from the aim, found it five to seven
+// seconds after each hold's end (K, then the growth past a provider's
+// burst), a hold and a decrease each time: a sixth to an eighth of the
+// time held. Probing an unchanged limit less often costs less; a raised
+// limit, which nothing but a probe shows without counts, is found that
+// much later.
+func plateauFor(hold time.Duration, w0, wmax, c float64) float64 {
+	if wmax <= 0 || hold <= 0 {
+		return 0
+	}
+	return max(min(probeHolds*hold.Seconds(), maxPlateau.Seconds())-cubicK(w0, wmax, c), 0)
+}
+
+// probeHolds is how many of its holds after the climb back began a key
+// without counts probes its limit again, and maxPlateau how long after
+// at most (a minute: a limit raised is found within a minute or so
+// however long the provider's Retry-After; see plateauFor).
+const (
+	probeHolds = 8
+	maxPlateau = time.Minute
 )
 
 // aimUnder is how far under the rate refused (or, below the last aim,

@@ -17,6 +17,7 @@ import (
 
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // The Go and Lua versions of the same arithmetic, run on the same inputs:
@@ -51,17 +52,20 @@ func TestLuaMatchesGo(t *testing.T) {
 	t.Run("cubic", func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		var calls []string
-		type in struct{ t, w0, wmax, c float64 }
+		type in struct{ t, w0, wmax, c, p float64 }
 		var ins []in
 		for range 200 {
 			wmax := 1 + rng.Float64()*1000
 			x := in{t: rng.Float64() * 20, w0: wmax * (0.3 + 0.7*rng.Float64()), wmax: wmax, c: 0.0005 + rng.Float64()*0.05}
+			if rng.IntN(2) == 0 {
+				x.p = rng.Float64() * 8 // a plateau (plateauFor)
+			}
 			ins = append(ins, x)
-			calls = append(calls, fmt.Sprintf("string.format('%%.17g', cubic(%.17g, %.17g, %.17g, %.17g))", x.t, x.w0, x.wmax, x.c))
+			calls = append(calls, fmt.Sprintf("string.format('%%.17g', cubic(%.17g, %.17g, %.17g, %.17g, %.17g))", x.t, x.w0, x.wmax, x.c, x.p))
 		}
 		got := evalFloats(t, ctx, run, "return {"+strings.Join(calls, ", ")+"}")
 		for i, x := range ins {
-			want := cubic(x.t, x.w0, x.wmax, x.c)
+			want := cubic(x.t, x.w0, x.wmax, x.c, x.p)
 			assert.InEpsilon(t, want, got[i], 1e-12, "cubic(%v)", x)
 		}
 	})
@@ -472,7 +476,7 @@ func TestSharedBucketRoomNeedsTheRate(t *testing.T) {
 	// (The counts of the first quarter second after the decrease still
 	// find the requests before it, at the configured rate, and speed the
 	// climb by about a third of a second: 91 or so.)
-	cubic := cubic(now.Sub(start).Seconds(), 70, 100, cfg.c)
+	cubic := cubic(now.Sub(start).Seconds(), 70, 100, cfg.c, 0)
 	assert.Less(t, want, cubic+7, "the Go controller's climb was not sped (CUBIC alone: %.1f)", cubic)
 	assert.Less(t, got, cubic+7, "the fleet's climb was not sped (CUBIC alone: %.1f)", cubic)
 	assert.InDelta(t, want, got, 4, "the fleet's rate")
@@ -540,7 +544,8 @@ func TestSharedControllerSteps(t *testing.T) {
 			for _, o := range tc.opts {
 				opts = append(opts, o)
 			}
-			l := newSharedTB(t, srv.Client(t), fmt.Sprintf("steps%d", i), PerSecond(100), 10, opts...)
+			rdb := srv.Client(t)
+			l := newSharedTB(t, rdb, fmt.Sprintf("steps%d", i), PerSecond(100), 10, opts...)
 			var goSt ctlState
 			goCfg := l.learn
 			start := time.Now()
@@ -580,6 +585,13 @@ func TestSharedControllerSteps(t *testing.T) {
 					// The instance knows the rate the script last told it.
 					assert.InDelta(t, goSt.rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1, "step %d: rate", j)
 				}
+				// The climb's plateau (plateauFor), as the script keeps it.
+				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyID("k"))[2], "pl").Float64()
+				if errors.Is(err, redis.Nil) {
+					pl, err = 0, nil
+				}
+				require.NoError(t, err, "step %d", j)
+				assert.InDelta(t, goSt.plateau, pl, 0.05, "step %d: plateau", j)
 				l.mu.Lock()
 				lr := l.learnt.m[keyID("k")]
 				l.mu.Unlock()

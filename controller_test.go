@@ -279,6 +279,71 @@ func ctlTables() []ctlTable {
 			},
 		},
 		{
+			// K = cbrt((95 − 70)/(0.005·95)) = 3.75 s: 0.19 s into the
+			// climb it is at 73.6, in its lower half (70 to 82.5); from
+			// 36.1 to 48.9 (0.95 × 0.7 × 73.6), its lower half ends 0.77 s
+			// in.
+			name: "without counts, a throttle early in the climb back lowers by beta twice; later in it, by beta",
+			steps: []sig{
+				throttle(0, 0, s),
+				ok(1005*ms, 1001*ms),          // the one probe of this hold
+				throttle(1200*ms, 1190*ms, s), // at 73.6: early, to 0.49 of it, aiming under 0.7 of it
+				ok(2205*ms, 2201*ms),
+				throttle(3700*ms, 3690*ms, s), // 1.5 s into the climb, at 46.2: by beta
+			},
+			wants: []want{
+				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{rate: 70},
+				{hold: 2200 * ms, notBefore: 2200 * ms, rate: 36.1, why: "throttled"},
+				{rate: 36.1},
+				{hold: 4700 * ms, notBefore: 4700 * ms, rate: 32.4, why: "throttled"},
+			},
+		},
+		{
+			// C = 2: K = cbrt((95 − 70)/(2·95)) = 0.51 s. Held 250 ms, the
+			// plateau ends 2 s after the hold's end, 1.49 s after K. 0.2 s
+			// past K, CUBIC alone is at 96.5.
+			name:  "without counts, the climb back stays at its aim until eight holds after it began",
+			opts:  []LearnOption{WithAdaptive(AdaptivePolicy{C: 2})},
+			steps: []sig{throttle(0, 0, 250*ms), ok(255*ms, 251*ms), ok(960*ms, 950*ms), ok(2450*ms, 2440*ms)},
+			wants: []want{
+				{hold: 250 * ms, notBefore: 250 * ms, rate: 70, why: "throttled"},
+				{rate: 70.7},
+				{rate: 95},   // 0.2 s past K: at the aim still
+				{rate: 96.5}, // 0.2 s past the plateau's end: as CUBIC 0.2 s past K
+			},
+		},
+		{
+			// (the plateau is compared with the script's in
+			// TestSharedControllerSteps: 60 s less K, 3.75 s)
+			name:  "without counts, the climb back stays at its aim a minute at most",
+			steps: []sig{throttle(0, 0, 10*s)},
+			wants: []want{{hold: 10 * s, notBefore: 10 * s, rate: 70, why: "throttled"}},
+		},
+		{
+			name:  "with a count, the climb back grows beyond its aim at once",
+			opts:  []LearnOption{WithAdaptive(AdaptivePolicy{C: 2})},
+			steps: []sig{withQuota(throttle(0, 0, 250*ms), 0, 250*ms), ok(255*ms, 251*ms), ok(960*ms, 950*ms)},
+			wants: []want{
+				{hold: 250 * ms, notBefore: 250 * ms, rate: 70, why: "throttled"},
+				{rate: 70.7},
+				{rate: 96.5},
+			},
+		},
+		{
+			name: "with a count, a throttle early in the climb back lowers by beta",
+			steps: []sig{
+				withQuota(throttle(0, 0, s), 0, s),
+				ok(1005*ms, 1001*ms),
+				withQuota(throttle(1200*ms, 1190*ms, s), 0, s),
+			},
+			wants: []want{
+				{hold: s, notBefore: s, rate: 70, why: "throttled"},
+				{rate: 70},
+				{hold: 2200 * ms, notBefore: 2200 * ms, rate: 51.5, why: "throttled"},
+			},
+		},
+		{
 			name: "near a bucket's limit found before: a throttle lowers by 0.9, and the climb back levels off just under the rate refused",
 			steps: []sig{
 				withQuota(ok(0, 0), 0, 2*s),
@@ -478,7 +543,7 @@ func ctlTables() []ctlTable {
 			steps: []sig{
 				throttle(10*ms, 0, 0),
 				throttle(12*ms, 5*ms, 0),  // sent before the decrease at 10ms: same episode
-				throttle(30*ms, 20*ms, 0), // sent after it: a new episode
+				throttle(30*ms, 20*ms, 0), // sent after it: a new episode (early, but asking for no wait: by beta)
 			},
 			wants: []want{
 				{rate: 70, why: "throttled"},
@@ -511,7 +576,7 @@ func ctlTables() []ctlTable {
 			steps: []sig{
 				throttle(0, 0, s),
 				ok(1005*ms, 1001*ms),          // the one probe of this hold
-				throttle(1030*ms, 1015*ms, s), // the second request after the hold: a sign
+				throttle(1030*ms, 1015*ms, s), // the second request after the hold: a sign (early: by beta twice)
 				ok(2040*ms, 2031*ms),
 				ok(2140*ms, 2131*ms),
 				throttle(2240*ms, 2232*ms, s),
@@ -519,9 +584,9 @@ func ctlTables() []ctlTable {
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
 				{rate: 70},
-				{hold: 2030 * ms, notBefore: 2030 * ms, rate: 49.7, why: "throttled"},
-				{rate: 49.6},
-				{rate: 50.5},
+				{hold: 2030 * ms, notBefore: 2030 * ms, rate: 34.6, why: "throttled"},
+				{rate: 34.7},
+				{rate: 35.8},
 				{notBefore: 2240*ms + s, rate: 100, why: "storm"},
 			},
 		},
@@ -530,20 +595,20 @@ func ctlTables() []ctlTable {
 			steps: []sig{
 				throttle(0, 0, s),
 				ok(1005*ms, 1001*ms),          // the one probe of this hold
-				throttle(1120*ms, 1110*ms, s), // eight units after it
+				throttle(1120*ms, 1110*ms, s), // eight units after it (early: by beta twice)
 				ok(2125*ms, 2121*ms),          // the one probe of this hold
-				throttle(2150*ms, 2141*ms, s), // the second request after it: a sign
-				ok(3155*ms, 3151*ms),
-				throttle(3260*ms, 3251*ms, s), // the second probe: a storm
+				throttle(2160*ms, 2151*ms, s), // the second request after it (at 35/s): a sign
+				ok(3165*ms, 3161*ms),
+				throttle(3270*ms, 3261*ms, s), // the second probe: a storm
 			},
 			wants: []want{
 				{hold: s, notBefore: s, rate: 70, why: "throttled"},
 				{rate: 70},
-				{hold: 2120 * ms, notBefore: 2120 * ms, rate: 50.9, why: "throttled"},
-				{rate: 50.9},
-				{hold: 3150 * ms, notBefore: 3150 * ms, rate: 35.8, why: "throttled"},
-				{rate: 35.8},
-				{notBefore: 3260*ms + s, rate: 100, why: "storm"},
+				{hold: 2120 * ms, notBefore: 2120 * ms, rate: 35.4, why: "throttled"},
+				{rate: 35.5},
+				{hold: 3160 * ms, notBefore: 3160 * ms, rate: 17.4, why: "throttled"},
+				{rate: 17.4},
+				{notBefore: 3270*ms + s, rate: 100, why: "storm"},
 			},
 		},
 		{
@@ -676,6 +741,17 @@ func TestControllerCubic(t *testing.T) {
 	assert.Equal(t, 100.0, st.rate(&cfg, at(k+60)), "never above the configured rate")
 	low := ctlState{wmax: 12, w0: 1, climb: ctlEpoch}
 	assert.Equal(t, 10.0, low.rate(&cfg, ctlEpoch), "never below the floor")
+	// A plateau (plateauFor) keeps it at the aim that much longer, then
+	// the same curve.
+	flat := st
+	flat.plateau = 3
+	assert.InDelta(t, 80, flat.rate(&cfg, at(k+3)), 1e-9, "at the aim until the plateau's end")
+	assert.InDelta(t, st.rate(&cfg, at(k+2)), flat.rate(&cfg, at(k+5)), 1e-9, "then growing as without it")
+	assert.InDelta(t, st.rate(&cfg, at(k/2)), flat.rate(&cfg, at(k/2)), 1e-9, "the climb to the aim is the same")
+	k95 := math.Cbrt((95 - 70) / (cfg.c * 95))
+	assert.InDelta(t, 8-k95, plateauFor(time.Second, 70, 95, cfg.c), 1e-9, "eight holds of 1 s after the climb began")
+	assert.InDelta(t, 60-k95, plateauFor(10*time.Second, 70, 95, cfg.c), 1e-9, "a minute at most")
+	assert.Zero(t, plateauFor(100*time.Millisecond, 70, 95, cfg.c), "eight holds of 0.1 s end before K")
 }
 
 // ---- through the local limiters ----

@@ -73,17 +73,18 @@ local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[
 
 local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres')
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
 local zres = tonumber(st[9]) or 1000000
+local pw0 = tonumber(st[10]) -- the rate right after the last decrease (with prev, its aim)
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
-  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm')
+  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm')
   storm = now + tonumber(ARGV[23])
   redis.call('HSET', KEYS[1], 'storm', string.format('%.0f', storm))
-  prev = nil
+  prev, pw0 = nil, nil
 end
 if exhausted and ARGV[22] == '1' and storm > now then
   -- In a storm, a throttle without counts delays only its own request.
@@ -156,6 +157,7 @@ end
 
 local held = 0
 local heldEnd = 0
+local emptied = nil -- the bucket was emptied as of then (emptyAsOf, below)
 local probes = 0
 local decreased = false
 if exhausted and throttled then
@@ -214,8 +216,10 @@ if exhausted then
     local given = tat - math.max(burst, 1) * rateUnit
     -- emptyAsOf empties the bucket as of t but for one unit, so that the
     -- fleet resumes at the rate rather than in a burst: as of the hold's
-    -- end, and as of its first probe (below).
+    -- end, and as of its first probe (below); at the rate a decrease
+    -- sets, again, below.
     local function emptyAsOf(t)
+      emptied = t
       local drained = t + (burst - 1) * rateUnit
       if burst > 0 and drained > tat then
         tat = drained
@@ -290,6 +294,14 @@ if exhausted then
     end
     if est > 0 and est < old then
       wmax, w0 = est, est * 0.92
+    elseif ARGV[22] == '1' and ra > tonumber(ARGV[29]) and pw0 and prev and pw0 > 0 and prev > pw0 and
+        old <= (pw0 + prev) / 2 then
+      -- a throttle without counts that asks for a wait longer than the
+      -- probes' gap, early in the climb back (the lower half of it): by
+      -- beta twice, aiming at beta of the rate, a twentieth under it
+      -- unless the key is a bucket (early)
+      wmax, w0 = beta * old, beta * beta * old
+      if shape ~= 2 then wmax = wmax * 0.95 end
     else
       if prev and old < prev then wmax = old * (1 + beta) / 2 end
       if shape ~= 2 then
@@ -305,8 +317,20 @@ if exhausted then
     -- to this episode too (until the last of them, as spread below).
     local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
     local last = tat - math.max(burst, 1) * rateUnit
-    redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', math.max(w0, floor)),
+    w0 = math.max(w0, floor)
+    redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', w0),
       'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
+    -- Without counts, the climb stays at its aim until eight holds after
+    -- it began, a minute at most (plateauFor, probeHolds, maxPlateau).
+    local pl = 0
+    if ARGV[22] == '1' and wmax > 0 and cur > now then
+      pl = math.max(math.min(8 * (cur - now) / 1000000, 60) - cubicK(w0, wmax, c), 0)
+    end
+    if pl > 0 then
+      redis.call('HSET', KEYS[1], 'pl', string.format('%.17g', pl))
+    else
+      redis.call('HDEL', KEYS[1], 'pl')
+    end
     decreased = true
   end
 end
@@ -325,6 +349,18 @@ if new ~= old then
   if moved ~= tat then
     redis.call('SET', KEYS[3], string.format('%.3f', moved), 'PX', math.max(math.ceil((moved - now) / 1000) + 1, 1))
     if decreased and last > now then redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', last)) end
+  end
+  if emptied and burst > 0 and new < old then
+    -- Emptied as of a hold's end at the old rate, the bucket would let a
+    -- burst go then at the new: the units of the old rate's (burst - 1)
+    -- left over. (At a decrease by beta twice, 70/s to 34/s, five
+    -- requests went at once at the end of the hold, and a provider with a
+    -- burst of five refused the sixth.)
+    local drained = emptied + (burst - 1) * 1000000 / new
+    local tatNow = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+    if drained > tatNow then
+      redis.call('SET', KEYS[3], string.format('%.3f', drained), 'PX', math.ceil((drained - now) / 1000) + 1)
+    end
   end
 end
 local stormy = 0

@@ -21,11 +21,18 @@
 -- The rate is min(configured, advertised, the CUBIC climb since the last
 -- decrease, never below floor): a function of the state and the time, so
 -- successes need no write. The climb's constant c is relative to wmax.
--- cubic is the CUBIC rate t seconds after a decrease to w0, aiming at wmax
--- (controller.go's cubic, term for term).
-local function cubic(t, w0, wmax, c)
+-- cubic is the CUBIC rate t seconds after a decrease to w0, aiming at wmax,
+-- staying there p seconds before it grows beyond (controller.go's cubic,
+-- term for term).
+-- cubicK is K, the seconds the climb from w0 takes to reach wmax (above
+-- 0; controller.go's cubicK).
+local function cubicK(w0, wmax, c)
+  return (math.max(wmax - w0, 0) / (c * wmax)) ^ (1 / 3)
+end
+local function cubic(t, w0, wmax, c, p)
   if wmax <= 0 then return w0 end
-  local k = (math.max(wmax - w0, 0) / (c * wmax)) ^ (1 / 3)
+  local k = cubicK(w0, wmax, c)
+  if t > k then t = math.max(k, t - p) end
   return wmax + c * wmax * (t - k) ^ 3
 end
 
@@ -39,14 +46,14 @@ end
 
 local function effective(key, now, configured, discover, c, floor)
   local r = configured
-  local st = redis.call('HMGET', key, 'adv', 'advu', 'wmax', 'w0', 'climb')
+  local st = redis.call('HMGET', key, 'adv', 'advu', 'wmax', 'w0', 'climb', 'pl')
   local adv, advu = tonumber(st[1]), tonumber(st[2])
-  local wmax, w0, climb = tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
+  local wmax, w0, climb, pl = tonumber(st[3]), tonumber(st[4]), tonumber(st[5]), tonumber(st[6]) or 0
   if adv and advu and now < advu then
     r = math.min(r, adv)
   end
   if discover > 0 and wmax and w0 and climb then
-    r = math.min(r, math.max(cubic(math.max(0, (now - climb) / 1000000), w0, wmax, c), floor))
+    r = math.min(r, math.max(cubic(math.max(0, (now - climb) / 1000000), w0, wmax, c, pl), floor))
   end
   return r
 end
@@ -336,6 +343,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     local r = string.format('%.17g', lvl)
     redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now),
       'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
+    redis.call('HDEL', key, 'pl')
   elseif lim and lim >= 2 and rem >= lim - 1 then
     redis.call('HDEL', key, 'dra', 'drr')
   elseif not dra or at - dra >= 2000000 or rem >= drr + 2 then
