@@ -693,7 +693,16 @@ func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, ra
 		return false
 	}
 	st.wmax, st.w0, st.climb, st.plateau = lvl, lvl, now, 0
-	st.drain = drainMark{at: sent, rem: q.Remaining}
+	if lvl < rate {
+		st.drain = drainMark{at: sent, rem: q.Remaining}
+	} else {
+		// Levelled where it was, the stretch goes on measuring: taken
+		// again at every count of an empty bucket, a mark never reached
+		// drainMin while a key above the limit kept it empty, and the
+		// climb stayed there, refused every 0.14 s for a second (scenario B
+		// of the fleet benchmark, with the headers).
+		st.drain.count(sent, q)
+	}
 	return lvl < rate
 }
 
@@ -713,8 +722,9 @@ func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, ra
 // one the counts rose drainFall or more above (from a mark taken at the
 // bottom of a dip, the fall after it does not show until the counts are
 // back down there: a climb that emptied the bucket again went unmeasured
-// to a refusal, in scenario B' of the fleet benchmark). (The
-// fleet's script counts the turns it granted instead of the successes.)
+// to a refusal, in scenario B' of the fleet benchmark). (The fleet's
+// script counts the turns it granted, less the refusals heard since the
+// mark, instead of the successes.)
 type drainMark struct {
 	at  time.Time
 	rem float64 // the remaining then
@@ -746,10 +756,12 @@ func (m *drainMark) count(now time.Time, q Quota) {
 
 // refills returns the rate the counts show the bucket refills at, from the
 // mark to a count of rem remaining of a request sent at now; false when
-// they do not show it (no mark, too soon after it, or no fall).
+// they do not show it (no mark, too soon after it, or a rise). Counts that
+// stay where they were measure too: a bucket kept empty by a key above its
+// limit refills what it accepts, the refusals aside.
 func (m *drainMark) refills(now time.Time, rem float64) (float64, bool) {
 	dt := now.Sub(m.at).Seconds()
-	if m.at.IsZero() || dt < drainMin.Seconds() || rem >= m.rem {
+	if m.at.IsZero() || dt < drainMin.Seconds() || rem > m.rem {
 		return 0, false
 	}
 	est := (m.n - (m.rem - rem) + 1) / dt

@@ -526,6 +526,69 @@ func TestSharedBucketLevelsAtTheRefill(t *testing.T) {
 	assert.InDelta(t, goSt.rate(cfg, time.Now()), got, 8, "the fleet's rate beside the Go controller's")
 }
 
+// TestLuaMeasuresAnEmptyBucket: a bucket kept empty, its counts at 0, is
+// measured by what it accepted since the mark. The Go counts the successes
+// it hears; the script counts the turns it granted, less the refusals it
+// heard since the mark ('drf', counted by control.lua): 35 turns at 70/s
+// over half a second, 10 of them refused, measure (25 + 1)/0.5 = 52/s in
+// both, and the climb levels off there. (Counting the refused turns too,
+// the script measured 72/s, the rate the fleet went at, and levelled
+// nothing.)
+func TestLuaMeasuresAnEmptyBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	const turns, refused, span = 35, 10, 500 * time.Millisecond
+	mark := drainMark{at: ctlEpoch, rem: 0, n: turns - refused}
+	est, measured := mark.refills(ctlEpoch.Add(span), 0)
+	require.True(t, measured, "counts that stay at 0 measure")
+	require.InDelta(t, 52, est, 1e-9)
+	for _, tc := range []struct {
+		name string
+		drf  int
+		want float64
+	}{
+		{"the refusals heard", refused, est},
+		{"none heard", 0, 70}, // (35 + 1)/0.5 = 72/s: levelled where it was
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := fmt.Sprintf(`redis.call('DEL', 'de')
+local base = math.floor(now / ringSlot) * ringSlot - 5000000
+redis.call('HSET', 'de', 'hist', base - 1000000, 'climb', base - 1000000, 'wmax', 70, 'w0', 70)
+drain('de', 0, now, base, 0, 0, 0, 1, 1000000 / 70, 70, 100, 1, 10, 10)
+for i = 1, %d do grant('de', base + i * %d, 1) end
+redis.call('HSET', 'de', 'drf', %d, 'climb', base) -- (a level-off sets the climb at the script's now)
+drain('de', 0, now, base + %d, 0, 0, 0, 1, 1000000 / 70, 70, 100, 1, 10, 10)
+return {redis.call('HGET', 'de', 'wmax')}`, turns, (span / turns).Microseconds(), tc.drf, span.Microseconds())
+			got := evalFloats(t, ctx, run, body)
+			assert.InDelta(t, tc.want, got[0], 1e-6, "the script's level")
+		})
+	}
+	t.Run("control.lua counts the refusals sent after the mark", func(t *testing.T) {
+		l := newSharedTB(t, rdb, "emptycount", PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
+		count := func(status int, sent time.Time) Signal {
+			s := Signal{Now: time.Now(), SentAt: sent, Status: status, Quotas: []Quota{{Limit: 10, HasLimit: true,
+				Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
+			s.HasRetryAfter = status == 429
+			return s
+		}
+		start := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", count(429, start)).Err) // 70/s, climbing back
+		time.Sleep(20 * time.Millisecond)
+		marked := time.Now()
+		require.NoError(t, l.Learn(ctx, "k", count(200, marked)).Err) // the first count of 0: the mark
+		_, err := l.Wait(ctx, "k", 1, time.Second)                    // (which carries it to the script)
+		require.NoError(t, err)
+		require.NoError(t, l.Learn(ctx, "k", count(429, marked.Add(-time.Millisecond))).Err)
+		require.NoError(t, l.Learn(ctx, "k", count(429, time.Now())).Err)
+		require.NoError(t, l.Learn(ctx, "k", count(429, time.Now())).Err)
+		drf, err := rdb.HGet(ctx, l.redisKeys(keyID("k"))[2], "drf").Int()
+		require.NoError(t, err)
+		assert.Equal(t, 2, drf, "the two refusals sent after the mark, not the one sent before it")
+	})
+}
+
 // TestSharedControllerSteps runs the controller's step tables through a
 // SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The

@@ -1354,6 +1354,48 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 	}
 }
 
+// TestControllerLevelsAnEmptyBucketAtItsRefill: climbing back above a
+// bucket's limit, the key keeps the provider's bucket empty: every count it
+// hears is 0, among refusals. What the bucket accepted over a stretch of
+// such counts is its refill, and the climb levels off there within
+// drainMin or so of the first. (Taken again at every count of 0, the
+// stretch never measured: the climb levelled where it was, above the
+// limit, and only refusals brought it down.) The refusals are not heard
+// here, so that only the counts steer.
+func TestControllerLevelsAnEmptyBucketAtItsRefill(t *testing.T) {
+	const ms = time.Millisecond
+	for _, limit := range []float64{40, 50, 60} {
+		t.Run(fmt.Sprintf("%g/s", limit), func(t *testing.T) {
+			cfg := defaultLearn(PerSecond(100))
+			var st ctlState
+			countStream(&st, &cfg, 0, time.Second, func(time.Duration) float64 { return 9 })
+			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
+			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+			provider := &simBucket{capacity: 10, rate: limit, at: time.Second}
+			var levelled []Decision
+			var first time.Duration
+			for at := time.Second + 10*ms; at < 2*time.Second; at += time.Duration(float64(time.Second) / st.rate(&cfg, ctlEpoch.Add(at))) {
+				accepted, q := provider.take(at, time.Second)
+				if !accepted {
+					continue
+				}
+				if first == 0 && q.Remaining == 0 {
+					first = at
+				}
+				if d := st.learn(&cfg, bucketCount(ok(at, at-2*ms), q.Remaining).signal()); d.Why == "counted" {
+					levelled = append(levelled, d)
+					if len(levelled) == 1 {
+						assert.LessOrEqual(t, at-first, drainMin+100*ms, "levelled off a measure after the first count of 0")
+					}
+				}
+			}
+			require.NotEmpty(t, levelled, "levelled off below the rate")
+			assert.InDelta(t, limit, levelled[0].New.PerSecond(), 1/drainMin.Seconds()+1, "at the refill the accepted requests show")
+			assert.InDelta(t, limit, st.rate(&cfg, ctlEpoch.Add(2*time.Second)), 1/drainMin.Seconds()+1, "and stays there")
+		})
+	}
+}
+
 // TestProbingTakesAShareOfTheHold: the probes after a hold, and their gap
 // (a unit at the floor rate), from the floor and the hold's length: their
 // gaps take at most a quarter of the hold (half of a long one), and they

@@ -162,6 +162,10 @@ local probes = 0
 local decreased = false
 if exhausted and throttled then
   if sent >= 0 then refused(KEYS[1], sent) else refused(KEYS[1], now) end
+  -- A refusal sent after the drain's mark: its turn is among those the
+  -- mark's measure counts, and the provider did not take it (see drain).
+  local dra = tonumber(redis.call('HGET', KEYS[1], 'dra') or '')
+  if dra and sent >= dra then redis.call('HINCRBY', KEYS[1], 'drf', 1) end
 end
 if exhausted then
   local rateUnit = 1000000 / old

@@ -309,9 +309,10 @@ end
 -- bucket of one unit (a limit under 2) shows 0 after every request it
 -- accepts: its counts neither level nor speed it.
 local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim, read)
-  local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist')
+  local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist', 'drf')
   local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
   local dra, drr, hist = tonumber(st[4] or ''), tonumber(st[5] or ''), tonumber(st[6] or '')
+  local drf = tonumber(st[7] or '') or 0 -- the refusals heard since the mark (control.lua)
   local oneUnit = lim and lim >= 0 and lim < 2
   local climbing = discover > 0 and climb and now > climb and rate < configured and not oneUnit
   -- (by the reported request's send time: the turns up to it are those
@@ -319,10 +320,10 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   local at = sent
   if at < 0 then at = now end
   local est = nil
-  if dra and drr and at - dra >= 250000 and rem < drr then
+  if dra and drr and at - dra >= 250000 and rem <= drr then
     local n = between(key, dra, at, hist)
     if n then
-      local e = (n - (drr - rem) + 1) * 1000000 / (at - dra)
+      local e = (n - drf - (drr - rem) + 1) * 1000000 / (at - dra)
       if e > 0 then est = e end
     end
   end
@@ -341,13 +342,20 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   end
   if lvl then
     local r = string.format('%.17g', lvl)
-    redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now),
-      'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
+    redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
     redis.call('HDEL', key, 'pl')
+  end
+  -- The mark is taken again after a level-off below the rate, and as
+  -- controller.go's drainMark.count says; levelled where it was, the
+  -- stretch goes on measuring (see counted).
+  if lvl and lvl < rate then
+    redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
+    redis.call('HDEL', key, 'drf')
   elseif lim and lim >= 2 and rem >= lim - 1 then
-    redis.call('HDEL', key, 'dra', 'drr')
+    redis.call('HDEL', key, 'dra', 'drr', 'drf')
   elseif not dra or at - dra >= 2000000 or rem >= drr + 2 then
     redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
+    redis.call('HDEL', key, 'drf')
   end
   if left > 0 and lim and lim >= 2 and left >= lim - 1 then
     -- (Room speeds the climb only while the fleet's turns keep up with its
