@@ -658,7 +658,13 @@ func (p *sendPace) rate(now time.Time, r float64) float64 {
 // again. Counts that fall by drainFall or more while the bucket still has
 // room level it off at that measured rate too, when it is lower than the
 // key's: before the bucket is empty, while the requests sent at the
-// higher rate still find room.
+// higher rate still find room. A level-off on a measure is nearAim of it:
+// the measure is the most whole counts allow, up to a unit over its span
+// above the refill, and a key levelled there drained the bucket to a
+// refusal a few seconds later, every few seconds (two refusals in 5 s now
+// and then in the fleet benchmark's scenario B, with the headers); under
+// it, the bucket fills again, shows room, and the climb finds the limit
+// by its counts, not by a refusal.
 //
 // A bucket of one unit (its limit under 2) shows 0 after every request it
 // accepts, full before it or not, sent to under its limit or over it: its
@@ -681,13 +687,13 @@ func (st *ctlState) counted(cfg *learnConfig, s *Signal, q Quota, empty bool, ra
 	lvl := rate
 	switch {
 	case empty && measured:
-		lvl = min(rate, max(est, drainLow*rate, cfg.floor))
+		lvl = min(rate, max(est*nearAim, drainLow*rate, cfg.floor))
 	case empty:
 		if now.Sub(st.room) < roomMemory && st.roomRate < lvl && st.roomRate >= drainLow*rate {
 			lvl = max(st.roomRate, cfg.floor)
 		}
 	case measured && st.drain.rem-q.Remaining >= drainFall && est < rate:
-		lvl = max(est, drainLow*rate, cfg.floor)
+		lvl = max(est*nearAim, drainLow*rate, cfg.floor)
 	default:
 		st.drain.count(sent, q)
 		return false

@@ -1357,7 +1357,8 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 // TestControllerLevelsAnEmptyBucketAtItsRefill: climbing back above a
 // bucket's limit, the key keeps the provider's bucket empty: every count it
 // hears is 0, among refusals. What the bucket accepted over a stretch of
-// such counts is its refill, and the climb levels off there within
+// such counts is its refill, and the climb levels off there (nearAim of
+// the measure, which is up to a unit over its span above it) within
 // drainMin or so of the first. (Taken again at every count of 0, the
 // stretch never measured: the climb levelled where it was, above the
 // limit, and only refusals brought it down.) The refusals are not heard

@@ -330,14 +330,14 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   local lvl = nil
   if climbing then
     if left <= 0 and est then
-      lvl = math.min(rate, math.max(est, 0.5 * rate, floor))
+      lvl = math.min(rate, math.max(est * 0.97, 0.5 * rate, floor))
     elseif left <= 0 then
       lvl = rate
       if room and roomr and now - room < 2000000 and roomr < rate and roomr >= 0.5 * rate then
         lvl = math.max(roomr, floor)
       end
     elseif est and drr - rem >= 2 and est < rate then
-      lvl = math.max(est, 0.5 * rate, floor)
+      lvl = math.max(est * 0.97, 0.5 * rate, floor)
     end
   end
   if lvl then
