@@ -1324,6 +1324,19 @@ func TestControllerRoomNeedsTheRate(t *testing.T) {
 	}
 }
 
+// climbingBackAt70 returns a key of a limiter configured at 100/s that a
+// bucket's refusal (its count 0) lowered to 70/s at 1 s, after a second of
+// counts with room: climbing back from there.
+func climbingBackAt70(t *testing.T) (*learnConfig, *ctlState) {
+	t.Helper()
+	cfg := defaultLearn(PerSecond(100))
+	st := new(ctlState)
+	countStream(st, &cfg, 0, time.Second, func(time.Duration) float64 { return 9 })
+	d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*time.Millisecond, 0), 0).signal())
+	require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+	return &cfg, st
+}
+
 // TestControllerLevelsAtTheRefill: climbing back after a decrease, sent at
 // its rate to a provider whose bucket refills more slowly than the climb
 // goes, the counts fall while the bucket still has room, and the climb
@@ -1333,13 +1346,9 @@ func TestControllerLevelsAtTheRefill(t *testing.T) {
 	const ms = time.Millisecond
 	for _, limit := range []float64{75, 85, 95} {
 		t.Run(fmt.Sprintf("%g/s", limit), func(t *testing.T) {
-			cfg := defaultLearn(PerSecond(100))
-			var st ctlState
-			countStream(&st, &cfg, 0, time.Second, func(time.Duration) float64 { return 9 })
-			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
-			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+			cfg, st := climbingBackAt70(t)
 			provider, refused := &simBucket{capacity: 10, rate: limit, level: 10, at: time.Second}, 0
-			changed := countStream(&st, &cfg, time.Second+10*ms, 4*time.Second, func(at time.Duration) float64 {
+			changed := countStream(st, cfg, time.Second+10*ms, 4*time.Second, func(at time.Duration) float64 {
 				ok, q := provider.take(at, time.Second)
 				if !ok {
 					refused++
@@ -1367,15 +1376,11 @@ func TestControllerLevelsAnEmptyBucketAtItsRefill(t *testing.T) {
 	const ms = time.Millisecond
 	for _, limit := range []float64{40, 50, 60} {
 		t.Run(fmt.Sprintf("%g/s", limit), func(t *testing.T) {
-			cfg := defaultLearn(PerSecond(100))
-			var st ctlState
-			countStream(&st, &cfg, 0, time.Second, func(time.Duration) float64 { return 9 })
-			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
-			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
+			cfg, st := climbingBackAt70(t)
 			provider := &simBucket{capacity: 10, rate: limit, at: time.Second}
 			var levelled []Decision
 			var first time.Duration
-			for at := time.Second + 10*ms; at < 2*time.Second; at += time.Duration(float64(time.Second) / st.rate(&cfg, ctlEpoch.Add(at))) {
+			for at := time.Second + 10*ms; at < 2*time.Second; at += time.Duration(float64(time.Second) / st.rate(cfg, ctlEpoch.Add(at))) {
 				accepted, q := provider.take(at, time.Second)
 				if !accepted {
 					continue
@@ -1383,7 +1388,7 @@ func TestControllerLevelsAnEmptyBucketAtItsRefill(t *testing.T) {
 				if first == 0 && q.Remaining == 0 {
 					first = at
 				}
-				if d := st.learn(&cfg, bucketCount(ok(at, at-2*ms), q.Remaining).signal()); d.Why == "counted" {
+				if d := st.learn(cfg, bucketCount(ok(at, at-2*ms), q.Remaining).signal()); d.Why == "counted" {
 					levelled = append(levelled, d)
 					if len(levelled) == 1 {
 						assert.LessOrEqual(t, at-first, drainMin+100*ms, "levelled off a measure after the first count of 0")
@@ -1392,7 +1397,7 @@ func TestControllerLevelsAnEmptyBucketAtItsRefill(t *testing.T) {
 			}
 			require.NotEmpty(t, levelled, "levelled off below the rate")
 			assert.InDelta(t, limit, levelled[0].New.PerSecond(), 1/drainMin.Seconds()+1, "at the refill the accepted requests show")
-			assert.InDelta(t, limit, st.rate(&cfg, ctlEpoch.Add(2*time.Second)), 1/drainMin.Seconds()+1, "and stays there")
+			assert.InDelta(t, limit, st.rate(cfg, ctlEpoch.Add(2*time.Second)), 1/drainMin.Seconds()+1, "and stays there")
 		})
 	}
 }
