@@ -5,6 +5,8 @@
 --   wmax, w0, climb  discovery: the rate the climb back aims at, the rate
 --               right after the last decrease, and when the climb starts
 --               (us: the decrease, or the end of the hold it came with)
+--   pl          the seconds the climb stays at its aim before it grows
+--               beyond (controller.go's plateauFor; none: 0)
 --   dec         when the last decrease was decided (us)
 --   shape       what the key's reset means: 0 unknown, 1 window, 2 bucket
 --   zat, zun    when a "remaining 0" was last seen, and its reset (us)
@@ -16,6 +18,8 @@
 --               then (see drain)
 --   dra, drr    the first count of a bucket's stretch below full: when
 --               (us), and its remaining (see drain)
+--   drf         the refusals to requests sent since dra (control.lua):
+--               turns the ring counts that the bucket did not take
 --   rts         how many changes of the rate have moved the turns given
 --               (see retime)
 -- The rate is min(configured, advertised, the CUBIC climb since the last
