@@ -589,6 +589,37 @@ return {redis.call('HGET', 'de', 'wmax')}`, turns, (span / turns).Microseconds()
 	})
 }
 
+// TestSharedEstimateGoesAtMostBetaTwice: outcomes not sent at the key's
+// rate — a burst refused all at once — make an estimate far below it; one
+// decrease goes at most to beta twice of the rate refused, in the Go and in
+// the script (the next refusal finds a limit that low). Two accepted and
+// nine refused, all sent at once, then a refusal after the first decrease
+// (by beta: too few outcomes then): the estimate is 70 × 2/12 = 11.7/s,
+// and the rate goes to 0.49 × 70 = 34.3/s.
+func TestSharedEstimateGoesAtMostBetaTwice(t *testing.T) {
+	l, cfg, goSt, learn := sharedBesideGo(t, "deep", false)
+	refusal := func(sent time.Time) Signal {
+		return Signal{Now: time.Now(), SentAt: sent, Status: 429, HasRetryAfter: true, Quotas: []Quota{{Limit: 10, HasLimit: true,
+			Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
+	}
+	burst := time.Now()
+	for range 2 {
+		learn(Signal{Now: time.Now(), SentAt: burst, Status: 200})
+	}
+	for range 9 {
+		learn(refusal(burst))
+	}
+	require.InDelta(t, 70, goSt.rate(cfg, time.Now()), 1, "the first refusal: by beta")
+	time.Sleep(5 * time.Millisecond)
+	learn(refusal(time.Now()))
+	est, ok := goSt.meter.estimate(time.Now(), 70)
+	require.True(t, ok)
+	require.Less(t, est, 15.0, "an estimate far below the rate")
+	want := cfg.beta * cfg.beta * 70
+	assert.InDelta(t, want, goSt.rate(cfg, time.Now()), 1, "the Go: beta twice")
+	assert.InDelta(t, want, l.EffectiveRate("k").PerSecond(), 1, "the script: beta twice")
+}
+
 // TestSharedControllerSteps runs the controller's step tables through a
 // SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The

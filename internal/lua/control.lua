@@ -297,7 +297,9 @@ if exhausted then
       if est <= 0 or fleet < est then est = fleet end
     end
     if est > 0 and est < old then
-      wmax, w0 = est, est * 0.92
+      -- one decrease goes at most to beta twice (controller.go's decrease)
+      wmax = math.max(est, beta * beta * old / 0.92)
+      w0 = wmax * 0.92
     elseif ARGV[22] == '1' and ra > tonumber(ARGV[29]) and pw0 and prev and pw0 > 0 and prev > pw0 and
         old <= (pw0 + prev) / 2 then
       -- a throttle without counts that asks for a wait longer than the
