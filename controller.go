@@ -518,6 +518,7 @@ func (st *ctlState) spend(now, turn time.Time, cost int, rate float64) bool {
 // (see unsaid).
 func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, waits bool) {
 	wmax, w0 := w, cfg.beta*w
+	deepest := cfg.beta * cfg.beta * w // the lowest one decrease goes
 	if est, ok := st.meter.estimate(now, w); ok && est < w {
 		// One decrease goes at most to beta twice: outcomes far below
 		// that were not sent at w. A TokenBucket's start burst of ten,
@@ -527,10 +528,10 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, w
 		// found by the next refusal. (The rate went to 18/s, and the
 		// climb back took the rest of scenario G of the fleet
 		// benchmark: 42 to 50% of its limit over the last 5 s.)
-		wmax = max(est, cfg.beta*cfg.beta*w/estimateMargin)
+		wmax = max(est, deepest/estimateMargin)
 		w0 = wmax * estimateMargin
 	} else if bare && waits && early(st.w0, st.wmax, w) {
-		wmax, w0 = cfg.beta*w, cfg.beta*cfg.beta*w
+		wmax, w0 = cfg.beta*w, deepest
 		if st.shape != shapeBucket {
 			wmax *= aimUnder
 		}

@@ -73,12 +73,13 @@ local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[
 
 local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0')
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0', 'dra')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
 local zres = tonumber(st[9]) or 1000000
 local pw0 = tonumber(st[10]) -- the rate right after the last decrease (with prev, its aim)
+local dra = tonumber(st[11]) -- the drain's mark (rate.lua's drain; only a success's count moves it)
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
   redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm')
@@ -164,7 +165,6 @@ if exhausted and throttled then
   if sent >= 0 then refused(KEYS[1], sent) else refused(KEYS[1], now) end
   -- A refusal sent after the drain's mark: its turn is among those the
   -- mark's measure counts, and the provider did not take it (see drain).
-  local dra = tonumber(redis.call('HGET', KEYS[1], 'dra') or '')
   if dra and sent >= dra then redis.call('HINCRBY', KEYS[1], 'drf', 1) end
 end
 if exhausted then
@@ -296,9 +296,9 @@ if exhausted then
       local fleet = old * (g - r) / g
       if est <= 0 or fleet < est then est = fleet end
     end
+    local deepest = beta * beta * old -- the lowest one decrease goes (controller.go's decrease)
     if est > 0 and est < old then
-      -- one decrease goes at most to beta twice (controller.go's decrease)
-      wmax = math.max(est, beta * beta * old / 0.92)
+      wmax = math.max(est, deepest / 0.92)
       w0 = wmax * 0.92
     elseif ARGV[22] == '1' and ra > tonumber(ARGV[29]) and pw0 and prev and pw0 > 0 and prev > pw0 and
         old <= (pw0 + prev) / 2 then
@@ -306,7 +306,7 @@ if exhausted then
       -- probes' gap, early in the climb back (the lower half of it): by
       -- beta twice, aiming at beta of the rate, a twentieth under it
       -- unless the key is a bucket (early)
-      wmax, w0 = beta * old, beta * beta * old
+      wmax, w0 = beta * old, deepest
       if shape ~= 2 then wmax = wmax * 0.95 end
     else
       if prev and old < prev then wmax = old * (1 + beta) / 2 end
