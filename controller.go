@@ -107,6 +107,9 @@ type ctlState struct {
 	advertisedUntil time.Time // when the advertised limit is forgotten
 	wmax, w0        float64   // discovery: the aim of the climb back, and the rate right after the last decrease
 	plateau         float64   // seconds the climb stays at its aim before it grows beyond (see plateauFor)
+	good            float64   // a rate the provider accepted for a second before a throttle without counts; 0 for none (see aimBack)
+	back            time.Time // when the key tries good again; zero for never
+	backN           int       // the tries of good refused since it was set
 	climb           time.Time // when the climb back starts (the decrease, or the end of its hold); zero for never
 	decreased       time.Time // when the last decrease was decided (or the end of the turns given before it)
 	hold            time.Time // the key is held until then
@@ -140,9 +143,24 @@ func (s *ctlState) rate(cfg *learnConfig, now time.Time) float64 {
 	}
 	if cfg.discover && !s.climb.IsZero() {
 		t := max(now.Sub(s.climb).Seconds(), 0)
-		r = min(r, max(cubic(t, s.w0, s.wmax, cfg.c, s.plateau), cfg.floor))
+		c := max(cubic(t, s.w0, s.wmax, cfg.c, s.plateau), cfg.floor)
+		if s.triesBack(now) {
+			c = max(c, cubic(now.Sub(s.back).Seconds(), aimUnder*s.good, s.good, cfg.c, 0))
+		}
+		r = min(r, c)
 	}
 	return r
+}
+
+// triesBack reports whether the key tries good again at t (see aimBack):
+// from back on, while good is above the climb's aim by backOver or more.
+// The try is a climb of its own, from aimUnder of good back to it (and
+// beyond, as CUBIC's): sent at the very limit that came back, from a
+// provider's bucket the key kept empty, the first request a millisecond
+// early is refused (the fleet benchmark's local TokenBucket, in scenario
+// B').
+func (s *ctlState) triesBack(t time.Time) bool {
+	return s.good > backOver*s.wmax && !s.back.IsZero() && !t.Before(s.back)
 }
 
 // atRest reports whether the state no longer matters at now, so that the
@@ -216,6 +234,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			if entered {
 				// The decreases the storm caused were mistaken.
 				st.wmax, st.w0, st.climb, st.plateau = 0, 0, time.Time{}, 0
+				st.good, st.back, st.backN = 0, time.Time{}, 0
 			}
 		}
 	}
@@ -272,7 +291,11 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		// and lowers nothing (discovery is for limits nobody states).
 		advertised := st.advertised > 0 && now.Before(st.advertisedUntil)
 		if s.throttled() && cfg.discover && !advertised && (st.decreased.IsZero() || s.SentAt.After(st.decreased)) {
-			st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor))
+			if st.triesBack(s.SentAt) && s.SentAt.Before(st.back.Add(sustained)) {
+				st.backOff(now)
+			} else {
+				st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor))
+			}
 		}
 	}
 	d.from, d.to = old, st.rate(cfg, now)
@@ -556,8 +579,73 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, w
 	st.plateau = 0
 	if bare {
 		st.plateau = plateauFor(st.climb.Sub(now), st.w0, st.wmax, cfg.c)
+		st.aimBack(now, w, st.climb.Sub(now))
 	}
 }
+
+// aimBack schedules, after a decrease from w by a throttle without counts
+// that held the key for held, when the key tries again the rate the
+// provider accepted before its limit fell. A throttle at w after a second
+// of acceptances (the provider accepted half of w or more, and refused
+// nothing else, over the second before) says the limit was w a moment
+// ago: a limit that fell (a provider shedding load, a quota shared with
+// others) is likely to rise again, and without counts nothing but a
+// request above the rate shows that it did. So backHolds of the key's
+// holds after the last hold's end, the key goes at about good again (see
+// triesBack), when that is backOver or more above the aim of its climb.
+// Accepted for a second, the rate stays (a throttle after that is a
+// decrease from it); refused, the try cost one hold, the rate goes back
+// to the climb, and the next try waits twice as long (backOff), until
+// the wait would be over maxPlateau: then the key stops trying good. A
+// decrease of the climb's own puts a try due sooner than two holds after
+// its hold off until then. A
+// limit that did not move costs five tries and five holds in the first
+// minute or so after the fall; a limit that came back is followed two
+// holds after the fall's last hold at the soonest (the fleet benchmark's
+// scenario B': 40/s back to 100/s found 1.3 s after the raise, not after
+// 15 s). A throttle at a rate never accepted for a second (a configured
+// rate above the provider's limit from the start) sets no good: it is a
+// rate that was wrong, not a limit that fell.
+func (st *ctlState) aimBack(now time.Time, w float64, held time.Duration) {
+	if acc, ref := st.meter.lastSecond(now); ref <= 1 && float64(acc) >= w/2 && st.meter.covers(now, sustained) && w >= st.good {
+		st.good, st.backN, st.back = w, 0, time.Time{}
+	}
+	if st.good <= 0 || held <= 0 {
+		st.good, st.back, st.backN = 0, time.Time{}, 0
+		return
+	}
+	// Never sooner than two holds after a hold's end: a throttle of the
+	// climb's own puts a try off, and leaves one due later where it is.
+	st.back = maxTime(st.back, st.climb.Add(scaled(held, backHolds)))
+}
+
+// backOff applies a throttle to one of the requests sent at good when the
+// key tried it (see aimBack), decided at now: the throttles to requests
+// sent before now lower nothing further, and the next try waits twice as
+// long after the throttle's hold as this one did, or none follows when
+// that is over maxPlateau (or the throttle held nothing).
+func (st *ctlState) backOff(now time.Time) {
+	st.decreased = now
+	st.backN++
+	held := st.hold.Sub(now)
+	wait := scaled(held, backHolds*math.Pow(2, float64(st.backN)))
+	if held <= 0 || wait > maxPlateau {
+		st.good, st.back, st.backN = 0, time.Time{}, 0
+		return
+	}
+	st.back = st.hold.Add(wait)
+}
+
+// backHolds is how many of its holds after the last one ends a key tries
+// again a rate the provider accepted before its limit fell, and backOver
+// how far above the climb's aim that rate must be (see aimBack);
+// sustained is how long a rate must have been accepted to be tried again,
+// and how long a try must go before a throttle is a decrease from it.
+const (
+	backHolds = 2
+	backOver  = 1.25
+	sustained = time.Second
+)
 
 // roomy records a bucket's count on a success that shows room — the
 // bucket full, all but one unit left once the requests in flight are
@@ -882,6 +970,7 @@ const estimateMargin = 0.92
 // meter counts a key's recent outcomes in four slots of a quarter second,
 // by the time the request was sent.
 type meter struct {
+	first    int64    // the first outcome's send time, Unix nanoseconds; 0 for none
 	slot     [4]int64 // the slot's start, in quarter seconds since the epoch
 	accepted [4]int32
 	refused  [4]int32
@@ -893,6 +982,9 @@ const meterSlot = 250 * time.Millisecond
 func (m *meter) add(sent time.Time, refused, accepted bool) {
 	if sent.IsZero() || (!refused && !accepted) {
 		return
+	}
+	if m.first == 0 || sent.UnixNano() < m.first {
+		m.first = sent.UnixNano()
 	}
 	n := sent.UnixNano() / int64(meterSlot)
 	i := n % int64(len(m.slot))
@@ -919,6 +1011,12 @@ func (m *meter) lastSecond(now time.Time) (acc, ref int32) {
 		}
 	}
 	return acc, ref
+}
+
+// covers reports whether the meter has counted outcomes since d before
+// now or longer.
+func (m *meter) covers(now time.Time, d time.Duration) bool {
+	return m.first != 0 && now.UnixNano()-m.first >= int64(d)
 }
 
 // outpaced reports whether the provider accepted more than twice q's

@@ -909,3 +909,58 @@ func TestSharedLearnsABucketFromItsGrants(t *testing.T) {
 	require.NotNil(t, lr)
 	assert.Equal(t, shapeBucket, lr.shape)
 }
+
+// TestSharedTriesBackARateAccepted: as TestControllerTriesBackARateAccepted,
+// through Redis: after a second of turns at 100/s granted and accepted, a
+// throttle without counts sets a try of 100/s (from 95/s) two holds after the hold's
+// end (the second throttle, early in the climb back, puts it off); the
+// fleet's rate jumps back to it then, as the Go controller's; a try
+// refused goes back to the climb, and the next waits twice as long.
+func TestSharedTriesBackARateAccepted(t *testing.T) {
+	const ms = time.Millisecond
+	ctx := context.Background()
+	l, cfg, goSt, learn := sharedBesideGo(t, "back", false)
+	for start := time.Now(); time.Since(start) < 1100*ms; {
+		_, err := l.Wait(ctx, "k", 1, time.Second)
+		require.NoError(t, err)
+		now := time.Now()
+		learn(Signal{Now: now, SentAt: now, Status: 200})
+	}
+	const ra = 150 * ms // a hold: two of them are 300 ms
+	throttle := func() Signal {
+		now := time.Now()
+		return Signal{Now: now, SentAt: now.Add(-ms), Status: 429, RetryAfter: ra, HasRetryAfter: true}
+	}
+	// rateAt waits for a turn at t or later, and returns the rate the
+	// fleet granted it at and the Go controller's then.
+	rateAt := func(at time.Time) (fleet, goRate float64) {
+		time.Sleep(time.Until(at))
+		_, err := l.Wait(ctx, "k", 1, time.Second)
+		require.NoError(t, err)
+		now := time.Now()
+		return l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+	}
+	learn(throttle())
+	require.Equal(t, 100.0, goSt.good, "the rate accepted for a second")
+	time.Sleep(ra + 20*ms)
+	learn(throttle()) // early in the climb back: beta twice, a low aim
+	back := goSt.back
+	require.WithinDuration(t, time.Now().Add(3*ra), back, 20*ms, "two holds after the hold's end")
+
+	fleet, goRate := rateAt(back.Add(-80 * ms))
+	assert.Less(t, goRate, 60.0, "the Go controller climbs back, before the try")
+	assert.InDelta(t, goRate, fleet, 2, "the fleet's rate, before the try")
+	fleet, goRate = rateAt(back.Add(10 * ms))
+	assert.InDelta(t, 95, goRate, 0.5, "the Go controller tries 100/s, from a twentieth under")
+	assert.InDelta(t, goRate, fleet, 0.5, "the fleet tries 100/s")
+
+	learn(throttle()) // the try refused
+	next := goSt.back
+	require.WithinDuration(t, time.Now().Add(ra+4*ra), next, 20*ms, "twice as long after the hold")
+	fleet, goRate = rateAt(next.Add(-80 * ms))
+	assert.Less(t, goRate, 60.0, "back to the climb")
+	assert.InDelta(t, goRate, fleet, 2, "the fleet's rate, back to the climb")
+	fleet, goRate = rateAt(next.Add(10 * ms))
+	assert.InDelta(t, 95, goRate, 0.5)
+	assert.InDelta(t, goRate, fleet, 0.5, "the fleet tries again")
+}

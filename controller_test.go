@@ -1582,3 +1582,112 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		assert.Equal(t, "storm", d.Why)
 	})
 }
+
+// TestControllerTriesBackARateAccepted: a throttle without counts after a
+// second of acceptances at the rate says the limit fell; two holds after
+// the last hold's end the key tries that rate again (aimBack). Refused,
+// the try lowers nothing below the climb and the next waits twice as long,
+// until the wait would be over maxPlateau; accepted for a second, the rate
+// stays, and a throttle after that is a decrease from it. A throttle at a
+// rate never accepted for a second, or at a rate hardly above the climb's
+// aim, sets no try.
+func TestControllerTriesBackARateAccepted(t *testing.T) {
+	const ms, s = time.Millisecond, time.Second
+	at := func(d time.Duration) time.Time { return ctlEpoch.Add(d) }
+	accepted := func(st *ctlState, cfg *learnConfig, from, to time.Duration, r float64) {
+		for d := from; d < to; d += time.Duration(float64(s) / r) {
+			st.learn(cfg, ok(d+2*ms, d).signal())
+		}
+	}
+	t.Run("a limit that fell", func(t *testing.T) {
+		cfg := defaultLearn(PerSecond(100))
+		st := new(ctlState)
+		accepted(st, &cfg, 0, 1200*ms, 100)
+		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
+		require.InDelta(t, 70, st.rate(&cfg, at(1203*ms)), 0.5, "the first throttle: by beta")
+		require.Equal(t, 100.0, st.good, "the rate accepted for a second")
+		// Early in the climb back: by beta twice.
+		st.learn(&cfg, throttle(2502*ms, 2500*ms, s).signal())
+		low := st.rate(&cfg, at(2503*ms))
+		require.InDelta(t, 37.0, low, 0.5, "beta twice of the climb at 75.5/s")
+		require.Equal(t, at(3502*ms+2*s), st.back, "two holds after the last hold's end")
+		assert.Less(t, st.rate(&cfg, st.back.Add(-ms)), 50.0, "the climb, before")
+		assert.InDelta(t, 95, st.rate(&cfg, st.back), 0.01, "from then on, a twentieth under the rate accepted before")
+		assert.InDelta(t, 100, st.rate(&cfg, st.back.Add(2*s)), 0.5, "climbing back to it")
+
+		// Each try refused waits twice as long as the last, and lowers
+		// nothing below the climb; the throttles to requests sent before
+		// the refusal lower nothing either.
+		next := st.back
+		for i, wait := range []time.Duration{4 * s, 8 * s} {
+			now := next.Sub(ctlEpoch) + 12*ms
+			d := st.learn(&cfg, throttle(now, now-2*ms, s).signal())
+			require.False(t, d.Hold.IsZero(), "try %d: the throttle holds the key", i)
+			assert.Equal(t, "throttled", d.Why, "try %d", i)
+			assert.InDelta(t, 95, d.Old.PerSecond(), 0.5, "try %d", i)
+			assert.Less(t, d.New.PerSecond(), 70.0, "try %d: back to the climb", i)
+			assert.Greater(t, d.New.PerSecond(), low-1, "try %d: not below it", i)
+			require.Equal(t, at(now+s).Add(wait), st.back, "try %d: twice as long", i)
+			st.learn(&cfg, throttle(now+5*ms, now-ms, s).signal())
+			require.Equal(t, at(now+s).Add(wait), st.back, "try %d: a throttle to a request sent before moves nothing", i)
+			next = st.back
+		}
+	})
+	t.Run("a limit that did not move", func(t *testing.T) {
+		// The provider refuses whatever goes over 44/s: the climb's own
+		// throttles, and every try. Five tries, each wait twice the last
+		// at least (a throttle of the climb counts the next from its
+		// hold), then none.
+		cfg := defaultLearn(PerSecond(100))
+		st := new(ctlState)
+		accepted(st, &cfg, 0, 1200*ms, 100)
+		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
+		var tries []time.Duration
+		for d := 1210 * ms; d < 300*s; d += 10 * ms {
+			if now := at(d); !st.hold.After(now) && st.rate(&cfg, now) > 44 {
+				if st.learn(&cfg, throttle(d+2*ms, d, s).signal()).Old.PerSecond() >= 90 {
+					tries = append(tries, d)
+				}
+			}
+		}
+		require.Len(t, tries, 5, "tries at %v", tries)
+		for i := 1; i < len(tries); i++ {
+			assert.GreaterOrEqual(t, tries[i]-tries[i-1], s+time.Duration(backHolds<<i)*s, "try %d", i)
+		}
+		assert.Zero(t, st.good)
+	})
+	t.Run("the try accepted", func(t *testing.T) {
+		cfg := defaultLearn(PerSecond(100))
+		st := new(ctlState)
+		accepted(st, &cfg, 0, 1200*ms, 100)
+		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
+		st.learn(&cfg, throttle(2502*ms, 2500*ms, s).signal())
+		back := st.back.Sub(ctlEpoch)
+		accepted(st, &cfg, back, back+1500*ms, 100)
+		assert.InDelta(t, 100, st.rate(&cfg, at(back+1500*ms)), 0.5, "the rate stays")
+		d := st.learn(&cfg, throttle(back+1502*ms, back+1500*ms, s).signal())
+		assert.InDelta(t, 70, d.New.PerSecond(), 0.5, "a throttle a second into the try: a decrease from it")
+		assert.Equal(t, 100.0, st.good)
+		assert.Equal(t, at(back+1502*ms+s+2*s), st.back, "tried again, two holds after")
+	})
+	t.Run("a rate never accepted for a second", func(t *testing.T) {
+		cfg := defaultLearn(PerSecond(100))
+		st := new(ctlState)
+		accepted(st, &cfg, 0, 100*ms, 100)
+		st.learn(&cfg, throttle(102*ms, 100*ms, s).signal())
+		assert.Zero(t, st.good)
+		assert.Less(t, st.rate(&cfg, at(10*s)), 100.0, "no try")
+	})
+	t.Run("a limit found again", func(t *testing.T) {
+		// At a limit that did not move: accepted at 50/s for a second, the
+		// climb refused at 55/s aims just under it. Nothing to try.
+		cfg := defaultLearn(PerSecond(100))
+		st := new(ctlState)
+		st.wmax, st.w0, st.climb = 50, 50, ctlEpoch
+		accepted(st, &cfg, 0, 1200*ms, 50)
+		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
+		require.InDelta(t, 50.0, st.good, 0.5)
+		require.False(t, st.triesBack(at(10*s)), "the rate accepted is within backOver of the aim")
+		assert.Less(t, st.rate(&cfg, st.back), st.good)
+	})
+}

@@ -513,7 +513,8 @@ func sinceEpoch(ts []time.Time) []time.Duration {
 // rate, not among them (x/time/rate alone repays what they owe at the new
 // rate and gives the next turn at 250 ms, while turns reserved before still
 // go at 300 and 400 ms: the key would send at both rates at once). A jump
-// by more than raiseJump is a limit restored: the next turns go at once.
+// by more than raiseJump is a limit restored: the queue is brought in, to
+// the new rate, and the next turns follow it.
 func TestTokenBucketRaiseKeepsTheQueue(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	b := &tokenBucket{lim: rate.NewLimiter(10, 1)}
@@ -530,12 +531,16 @@ func TestTokenBucketRaiseKeepsTheQueue(t *testing.T) {
 		"the next turn: after the last one reserved, a unit at 20/s later")
 
 	// A jump (a limit restored) does not: a queue given at 1/s would hold
-	// the key at 1/s for 4 s.
+	// the key at 1/s for 4 s. The queue moves in, to the new rate, and the
+	// next turn follows it.
 	b = &tokenBucket{lim: rate.NewLimiter(1, 1)}
 	for i := 0; i < 5; i++ {
-		b.lim.ReserveN(t0, 1)
+		b.wait(&turn{due: t0.Add(b.lim.ReserveN(t0, 1).DelayFrom(t0))})
 	}
 	b.setRate(t0, 100)
+	for i, w := range b.waiting {
+		assert.Equal(t, time.Duration(i)*10*time.Millisecond, w.due.Sub(t0), "turn %d, brought in", i)
+	}
 	assert.Equal(t, 50*time.Millisecond, b.lim.ReserveN(t0, 1).DelayFrom(t0), "4 owed and a unit, at 100/s")
 
 	// A decrease needs nothing of setRate (lowerings spread the turns).

@@ -82,7 +82,7 @@ local pw0 = tonumber(st[10]) -- the rate right after the last decrease (with pre
 local dra = tonumber(st[11]) -- the drain's mark (rate.lua's drain; only a success's count moves it)
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
-  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm')
+  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm', 'gd', 'bk', 'bn')
   storm = now + tonumber(ARGV[23])
   redis.call('HSET', KEYS[1], 'storm', string.format('%.0f', storm))
   prev, pw0 = nil, nil
@@ -282,62 +282,96 @@ if exhausted then
   -- Discovery: a throttle to a request sent after the last decrease, when
   -- no advertised limit is believed (a throttle at one lowers nothing).
   if throttled and discover > 0 and not (advu and now < advu) and (not dec or sent > dec) then
-    local wmax, w0 = old, beta * old
-    -- The fleet's estimate of the limit: the share of the units granted
-    -- turns in the last second that were not refused, times the rate
-    -- (an instance sees a share of the outcomes: too few, alone, for an
-    -- estimate of its own). The lower of the two counts.
-    -- (Since the ring began, when that is less than a second ago.)
-    local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
-    local g = nil
-    if hist then g = granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) end
-    local r = refusedLastSecond(KEYS[1], now)
-    if g and g >= 10 and r >= 3 and r < g then
-      local fleet = old * (g - r) / g
-      if est <= 0 or fleet < est then est = fleet end
-    end
-    local deepest = beta * beta * old -- the lowest one decrease goes (controller.go's decrease)
-    if est > 0 and est < old then
-      wmax = math.max(est, deepest / 0.92)
-      w0 = wmax * 0.92
-    elseif ARGV[22] == '1' and ra > tonumber(ARGV[29]) and pw0 and prev and pw0 > 0 and prev > pw0 and
-        old <= (pw0 + prev) / 2 then
-      -- a throttle without counts that asks for a wait longer than the
-      -- probes' gap, early in the climb back (the lower half of it): by
-      -- beta twice, aiming at beta of the rate, a twentieth under it
-      -- unless the key is a bucket (early)
-      wmax, w0 = beta * old, deepest
-      if shape ~= 2 then wmax = wmax * 0.95 end
+    local bst = redis.call('HMGET', KEYS[1], 'gd', 'bk', 'bn')
+    local gd, bk, bn = tonumber(bst[1]), tonumber(bst[2]), tonumber(bst[3]) or 0
+    if sent >= 0 and triesBack(gd, bk, prev, sent) and sent < bk + 1000000 then
+      -- A try of the rate the fleet was accepted at before its limit fell,
+      -- refused: no decrease; the next try waits twice as long after the
+      -- hold, or none follows past a minute (controller.go's backOff).
+      -- The throttles to the turns given before lower nothing further.
+      bn = bn + 1
+      local wait = 2 * 2 ^ bn * (cur - now)
+      if cur <= now or wait > 60000000 then
+        redis.call('HDEL', KEYS[1], 'gd', 'bk', 'bn')
+      else
+        redis.call('HSET', KEYS[1], 'bk', string.format('%.0f', cur + wait), 'bn', bn)
+      end
+      local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+      redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', math.max(now, tat - math.max(burst, 1) * rateUnit)))
+      decreased = true
     else
-      if prev and old < prev then wmax = old * (1 + beta) / 2 end
-      if shape ~= 2 then
-        wmax = wmax * 0.95 -- under the rate refused (aimUnder)
-      elseif prev and old > 0.9 * prev and old < 1.25 * prev then
-        -- near a bucket's limit found before, gently, aiming just under
-        -- the rate refused (nearBeta, nearAim)
-        w0 = math.max(w0, 0.9 * old)
-        wmax = math.max(0.97 * old, w0)
+      local wmax, w0 = old, beta * old
+      -- The fleet's estimate of the limit: the share of the units granted
+      -- turns in the last second that were not refused, times the rate
+      -- (an instance sees a share of the outcomes: too few, alone, for an
+      -- estimate of its own). The lower of the two counts.
+      -- (Since the ring began, when that is less than a second ago.)
+      local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
+      local g = nil
+      if hist then g = granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) end
+      local r = refusedLastSecond(KEYS[1], now)
+      if g and g >= 10 and r >= 3 and r < g then
+        local fleet = old * (g - r) / g
+        if est <= 0 or fleet < est then est = fleet end
+      end
+      local deepest = beta * beta * old -- the lowest one decrease goes (controller.go's decrease)
+      if est > 0 and est < old then
+        wmax = math.max(est, deepest / 0.92)
+        w0 = wmax * 0.92
+      elseif ARGV[22] == '1' and ra > tonumber(ARGV[29]) and pw0 and prev and pw0 > 0 and prev > pw0 and
+          old <= (pw0 + prev) / 2 then
+        -- a throttle without counts that asks for a wait longer than the
+        -- probes' gap, early in the climb back (the lower half of it): by
+        -- beta twice, aiming at beta of the rate, a twentieth under it
+        -- unless the key is a bucket (early)
+        wmax, w0 = beta * old, deepest
+        if shape ~= 2 then wmax = wmax * 0.95 end
+      else
+        if prev and old < prev then wmax = old * (1 + beta) / 2 end
+        if shape ~= 2 then
+          wmax = wmax * 0.95 -- under the rate refused (aimUnder)
+        elseif prev and old > 0.9 * prev and old < 1.25 * prev then
+          -- near a bucket's limit found before, gently, aiming just under
+          -- the rate refused (nearBeta, nearAim)
+          w0 = math.max(w0, 0.9 * old)
+          wmax = math.max(0.97 * old, w0)
+        end
+      end
+      -- The throttles that the turns given before the decrease meet belong
+      -- to this episode too (until the last of them, as spread below).
+      local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+      local last = tat - math.max(burst, 1) * rateUnit
+      w0 = math.max(w0, floor)
+      redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', w0),
+        'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
+      -- Without counts, the climb stays at its aim until eight holds after
+      -- it began, a minute at most (plateauFor, probeHolds, maxPlateau).
+      local pl = 0
+      if ARGV[22] == '1' and wmax > 0 and cur > now then
+        pl = math.max(math.min(8 * (cur - now) / 1000000, 60) - cubicK(w0, wmax, c), 0)
+      end
+      if pl > 0 then
+        redis.call('HSET', KEYS[1], 'pl', string.format('%.17g', pl))
+      else
+        redis.call('HDEL', KEYS[1], 'pl')
+      end
+      decreased = true
+      if ARGV[22] == '1' then
+        -- A throttle without counts after a second in which the fleet was
+        -- accepted at half the rate or more, and refused nothing else: the
+        -- limit fell from the rate, tried again two holds after this one
+        -- ends, or later if a try is due later (controller.go's aimBack).
+        if hist and hist <= now - 1000000 and g and r <= 1 and g - r >= old / 2 and (not gd or old >= gd) then
+          gd, bn, bk = old, 0, nil
+        end
+        if gd and cur > now then
+          redis.call('HSET', KEYS[1], 'gd', string.format('%.17g', gd), 'bn', bn,
+            'bk', string.format('%.0f', math.max(bk or 0, cur + 2 * (cur - now))))
+        else
+          redis.call('HDEL', KEYS[1], 'gd', 'bk', 'bn')
+        end
       end
     end
-    -- The throttles that the turns given before the decrease meet belong
-    -- to this episode too (until the last of them, as spread below).
-    local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-    local last = tat - math.max(burst, 1) * rateUnit
-    w0 = math.max(w0, floor)
-    redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', w0),
-      'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
-    -- Without counts, the climb stays at its aim until eight holds after
-    -- it began, a minute at most (plateauFor, probeHolds, maxPlateau).
-    local pl = 0
-    if ARGV[22] == '1' and wmax > 0 and cur > now then
-      pl = math.max(math.min(8 * (cur - now) / 1000000, 60) - cubicK(w0, wmax, c), 0)
-    end
-    if pl > 0 then
-      redis.call('HSET', KEYS[1], 'pl', string.format('%.17g', pl))
-    else
-      redis.call('HDEL', KEYS[1], 'pl')
-    end
-    decreased = true
   end
 end
 redis.call('HSET', KEYS[1], 'shape', shape)

@@ -7,6 +7,10 @@
 --               (us: the decrease, or the end of the hold it came with)
 --   pl          the seconds the climb stays at its aim before it grows
 --               beyond (controller.go's plateauFor; none: 0)
+--   gd, bk, bn  a rate the fleet was accepted at for a second before a
+--               throttle without counts, when the fleet tries it again
+--               (us), and the tries refused since (controller.go's good,
+--               back, backN; see aimBack)
 --   dec         when the last decrease was decided (us)
 --   shape       what the key's reset means: 0 unknown, 1 window, 2 bucket
 --   zat, zun    when a "remaining 0" was last seen, and its reset (us)
@@ -40,6 +44,14 @@ local function cubic(t, w0, wmax, c, p)
   return wmax + c * wmax * (t - k) ^ 3
 end
 
+-- triesBack says whether the fleet tries the rate gd again at t: from bk
+-- on, while gd is above the climb's aim wmax by a quarter or more
+-- (controller.go's triesBack, backOver). The try climbs from a twentieth
+-- under gd (aimUnder).
+local function triesBack(gd, bk, wmax, t)
+  return gd and bk and wmax and gd > 1.25 * wmax and t >= bk
+end
+
 -- turn is the GCRA decision for a request of cost at start (>= now) on a
 -- bucket full again at tat, with tolerance b units at interval us a unit:
 -- the bucket's new tat, and the time of the request's turn.
@@ -50,14 +62,20 @@ end
 
 local function effective(key, now, configured, discover, c, floor)
   local r = configured
-  local st = redis.call('HMGET', key, 'adv', 'advu', 'wmax', 'w0', 'climb', 'pl')
+  local st = redis.call('HMGET', key, 'adv', 'advu', 'wmax', 'w0', 'climb', 'pl', 'gd', 'bk')
   local adv, advu = tonumber(st[1]), tonumber(st[2])
   local wmax, w0, climb, pl = tonumber(st[3]), tonumber(st[4]), tonumber(st[5]), tonumber(st[6]) or 0
   if adv and advu and now < advu then
     r = math.min(r, adv)
   end
   if discover > 0 and wmax and w0 and climb then
-    r = math.min(r, math.max(cubic(math.max(0, (now - climb) / 1000000), w0, wmax, c, pl), floor))
+    local d = math.max(cubic(math.max(0, (now - climb) / 1000000), w0, wmax, c, pl), floor)
+    local gd, bk = tonumber(st[7]), tonumber(st[8])
+    if triesBack(gd, bk, wmax, now) then
+      -- a climb of its own, from a twentieth under gd
+      d = math.max(d, cubic((now - bk) / 1000000, 0.95 * gd, gd, c, 0))
+    end
+    r = math.min(r, d)
   end
   return r
 end
