@@ -63,6 +63,7 @@ type signalScenario struct {
 	intro      string
 	providerOf func(headers bool) fakeapi.Config
 	headerName string // what the headers column says when they are on; default "RateLimit-*"
+	noRetry    bool   // rows of egress without retries too, beside the peer that retries nothing
 }
 
 // signalRow is one strategy in one scenario.
@@ -129,7 +130,7 @@ func TestSignalScenarios(t *testing.T) {
 // signalRows are the rows of every scenario: egress's four limiters with
 // the provider's headers on and off, then the peers, which read none of
 // them and run once, with the headers on.
-func signalRows() []signalRow {
+func signalRows(sc signalScenario) []signalRow {
 	var rows []signalRow
 	for _, headers := range []bool{true, false} {
 		reads := "RateLimit-*"
@@ -142,6 +143,9 @@ func signalRows() []signalRow {
 			signalRow{name: "egress TokenBucket, 1 process", strategy: localTokenStrategy(), load: onePod, headers: headers, reads: reads},
 			signalRow{name: "egress LeakyBucket, 1 process", strategy: localLeakyStrategy(), load: onePod, headers: headers, reads: reads},
 		)
+		if sc.noRetry {
+			rows = append(rows, signalRow{name: "egress SharedTokenBucket, no retries", strategy: egressNoRetryStrategy(), load: evenLoad, headers: headers, reads: reads})
+		}
 	}
 	return append(rows,
 		signalRow{name: "x/time/rate per pod (R/4) + retry after Retry-After", strategy: splitRetryStrategy(), load: evenLoad, headers: true, reads: "on, not read"},
@@ -152,7 +156,7 @@ func signalRows() []signalRow {
 
 func signalTable(t *testing.T, sc signalScenario) string {
 	var rows [][]string
-	for _, r := range signalRows() {
+	for _, r := range signalRows(sc) {
 		log := &requestLog{}
 		s := scenario{
 			strategy: r.strategy, load: r.load, duration: signalDuration,
@@ -257,12 +261,14 @@ func signalScenarios() []signalScenario {
 		},
 		{
 			id: "C", title: "A storm: 30% of the requests within the limit answered 429 with Retry-After: 2; 100/s, burst 10",
-			rate: signalRate, burst: signalBurst, steps: nil, storm: storm, providerOf: provider(signalRate, signalBurst, storm),
+			rate: signalRate, burst: signalBurst, steps: nil, storm: storm, providerOf: provider(signalRate, signalBurst, storm), noRetry: true,
 			intro: fmt.Sprintf("The storm spends nothing from the limit; its 429s carry the headers of the limit's real state "+
 				"(remaining > 0) when the provider sends them. Targets for egress: with the headers, successes at least 80%% "+
 				"of the untouched share (0.7 × R × 10 s = %d) and no request sent again before its own Retry-After; without "+
 				"them, at least as many successes as the best peer. Re-sends are measured at the provider, per request "+
-				"identity (%s, the same on every attempt): the time from a 429's answer to the same request's next arrival.",
+				"identity (%s, the same on every attempt): the time from a 429's answer to the same request's next arrival. "+
+				"redis_rate retries nothing: its 429s go back to the caller, and each of its 32 callers moves on at once, "+
+				"where a client that retries waits out the Retry-After; egress without retries is shown beside it.",
 				int((1-stormShare)*signalRate*signalDuration.Seconds()), requestIDHeader),
 			columns: []string{"successes in 10 s", "% of 0.7·R", "429s: storm / limit", "re-sent after a 429",
 				"re-sent before its Retry-After", "shortest gap", "p50", "p99", "failed / calls"},

@@ -148,6 +148,18 @@ func egressStrategy(name string) strategy {
 	}}
 }
 
+// egressNoRetryStrategy is egressStrategy with no retries (one attempt):
+// a 429 goes back to the caller, as redis_rate's does.
+func egressNoRetryStrategy() strategy {
+	return strategy{name: "egress SharedTokenBucket, no retries", redis: true, newPod: func(env podEnv) (pod, error) {
+		lim, err := egress.NewSharedTokenBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), env.limits.egressBurst, sharedOptions(env)...)
+		if err != nil {
+			return pod{}, err
+		}
+		return egressPodWith(env, lim, lim.Close, egress.RetryPolicy{MaxAttempts: 1})
+	}}
+}
+
 // sharedOptions are the options of egress's shared limiters: the fallback
 // counted, discovery as the limits say.
 func sharedOptions(env podEnv) []egress.SharedOption {
@@ -167,7 +179,12 @@ type egressLimiter interface {
 // egressPod is a pod that calls through egress with lim and retries with the
 // default policy; closeLim, when not nil, releases lim.
 func egressPod(env podEnv, lim egressLimiter, closeLim func() error) (pod, error) {
-	tr, err := egress.New(env.base, egress.WithLimiter(lim), egress.WithRetry(egress.RetryPolicy{}))
+	return egressPodWith(env, lim, closeLim, egress.RetryPolicy{})
+}
+
+// egressPodWith is egressPod with the retry policy p.
+func egressPodWith(env podEnv, lim egressLimiter, closeLim func() error, p egress.RetryPolicy) (pod, error) {
+	tr, err := egress.New(env.base, egress.WithLimiter(lim), egress.WithRetry(p))
 	if err != nil {
 		if closeLim != nil {
 			err = errors.Join(err, closeLim())
