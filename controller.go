@@ -598,14 +598,15 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, w
 // to the climb, and the next try waits twice as long (backOff), until
 // the wait would be over maxPlateau: then the key stops trying good. A
 // decrease of the climb's own puts a try due sooner than two holds after
-// its hold off until then. A
-// limit that did not move costs five tries and five holds in the first
-// minute or so after the fall; a limit that came back is followed two
-// holds after the fall's last hold at the soonest (the fleet benchmark's
-// scenario B': 40/s back to 100/s found 1.3 s after the raise, not after
-// 15 s). A throttle at a rate never accepted for a second (a configured
-// rate above the provider's limit from the start) sets no good: it is a
-// rate that was wrong, not a limit that fell.
+// its hold off until then. A limit that did not move costs five tries and
+// five holds in the first minute or so after the fall, at holds of 1 s; a
+// limit that came back is followed two holds after the fall's last hold
+// at the soonest. (The fleet benchmark's scenario B', without counts:
+// 40/s back to 100/s was followed 1.2 to 1.9 s after the raise, and not by
+// the end of the run before, the climb at its aim for eight holds.) A
+// throttle at a rate never accepted for a second (a configured rate above
+// the provider's limit from the start) sets no good: it is a rate that
+// was wrong, not a limit that fell.
 func (st *ctlState) aimBack(now time.Time, w float64, held time.Duration) {
 	if acc, ref := st.meter.lastSecond(now); ref <= 1 && float64(acc) >= w/2 && st.meter.covers(now, sustained) && w >= st.good {
 		st.good, st.backN, st.back = w, 0, time.Time{}
