@@ -234,7 +234,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			if entered {
 				// The decreases the storm caused were mistaken.
 				st.wmax, st.w0, st.climb, st.plateau = 0, 0, time.Time{}, 0
-				st.good, st.back, st.backN = 0, time.Time{}, 0
+				st.stopTrying()
 			}
 		}
 	}
@@ -612,7 +612,7 @@ func (st *ctlState) aimBack(now time.Time, w float64, held time.Duration) {
 		st.good, st.backN, st.back = w, 0, time.Time{}
 	}
 	if st.good <= 0 || held <= 0 {
-		st.good, st.back, st.backN = 0, time.Time{}, 0
+		st.stopTrying()
 		return
 	}
 	// Never sooner than two holds after a hold's end: a throttle of the
@@ -631,10 +631,16 @@ func (st *ctlState) backOff(now time.Time) {
 	held := st.hold.Sub(now)
 	wait := scaled(held, backHolds*math.Pow(2, float64(st.backN)))
 	if held <= 0 || wait > maxPlateau {
-		st.good, st.back, st.backN = 0, time.Time{}, 0
+		st.stopTrying()
 		return
 	}
 	st.back = st.hold.Add(wait)
+}
+
+// stopTrying forgets the rate accepted before the limit fell: no try of it
+// follows (see aimBack).
+func (st *ctlState) stopTrying() {
+	st.good, st.back, st.backN = 0, time.Time{}, 0
 }
 
 // backHolds is how many of its holds after the last one ends a key tries

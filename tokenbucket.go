@@ -135,14 +135,15 @@ func (b *tokenBucket) done(t *turn) {
 // the turns reserved before it are spread (see retime).
 func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
 	old, owe := b.lim.Limit(), b.owed-b.lim.TokensAt(t)
+	jump := l > old*raiseJump
 	b.lim.SetLimitAt(t, l)
-	if owe <= 0 || l > old*raiseJump {
+	if owe <= 0 || jump {
 		b.owed = 0
 	}
-	if l > old*raiseJump && old > 0 && l != rate.Inf {
+	if jump && old > 0 && l != rate.Inf {
 		b.retime(t, float64(old)/float64(l))
 	}
-	if owe <= 0 || !(l > old) || l > old*raiseJump || old <= 0 || l == rate.Inf {
+	if owe <= 0 || !(l > old) || jump || old <= 0 || l == rate.Inf {
 		return
 	}
 	b.owed += owe * (float64(l)/float64(old) - 1)

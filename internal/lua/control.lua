@@ -73,19 +73,22 @@ local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[
 
 local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0', 'dra')
+local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0', 'dra',
+  'gd', 'bk', 'bn')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
 local zres = tonumber(st[9]) or 1000000
 local pw0 = tonumber(st[10]) -- the rate right after the last decrease (with prev, its aim)
 local dra = tonumber(st[11]) -- the drain's mark (rate.lua's drain; only a success's count moves it)
+-- the rate accepted before the limit fell, when it is tried again, the tries refused (see aimBack)
+local gd, bk, bn = tonumber(st[12]), tonumber(st[13]), tonumber(st[14]) or 0
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
   redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm', 'gd', 'bk', 'bn')
   storm = now + tonumber(ARGV[23])
   redis.call('HSET', KEYS[1], 'storm', string.format('%.0f', storm))
-  prev, pw0 = nil, nil
+  prev, pw0, gd, bk, bn = nil, nil, nil, nil, 0
 end
 if exhausted and ARGV[22] == '1' and storm > now then
   -- In a storm, a throttle without counts delays only its own request.
@@ -282,8 +285,6 @@ if exhausted then
   -- Discovery: a throttle to a request sent after the last decrease, when
   -- no advertised limit is believed (a throttle at one lowers nothing).
   if throttled and discover > 0 and not (advu and now < advu) and (not dec or sent > dec) then
-    local bst = redis.call('HMGET', KEYS[1], 'gd', 'bk', 'bn')
-    local gd, bk, bn = tonumber(bst[1]), tonumber(bst[2]), tonumber(bst[3]) or 0
     if sent >= 0 and triesBack(gd, bk, prev, sent) and sent < bk + 1000000 then
       -- A try of the rate the fleet was accepted at before its limit fell,
       -- refused: no decrease; the next try waits twice as long after the
