@@ -912,10 +912,10 @@ func TestSharedLearnsABucketFromItsGrants(t *testing.T) {
 
 // TestSharedTriesBackARateAccepted: as TestControllerTriesBackARateAccepted,
 // through Redis: after a second of turns at 100/s granted and accepted, a
-// throttle without counts sets a try of 100/s (from 95/s) two holds after the hold's
-// end (the second throttle, early in the climb back, puts it off); the
-// fleet's rate jumps back to it then, as the Go controller's; a try
-// refused goes back to the climb, and the next waits twice as long.
+// throttle without counts sets a try of 100/s (from 95/s) two holds after
+// the hold's end (the second throttle, early in the climb back, puts it
+// off); the fleet's rate jumps back to it then, as the Go controller's; a
+// try refused goes back to the climb, and the next waits twice as long.
 func TestSharedTriesBackARateAccepted(t *testing.T) {
 	const ms = time.Millisecond
 	ctx := context.Background()
