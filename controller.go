@@ -326,10 +326,9 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 	switch {
 	case s.Scope == ScopeBilling:
 		return evBilling
-	case s.throttled() && s.Scope == ScopeOther:
-		return evOther
-	case s.throttled() && hasQ && q.Remaining > 0 && s.Scope != ScopeQuota:
-		// The provider's own count says the quota is not the reason.
+	case s.notAboutQuota(q, hasQ):
+		// The provider says, or its own count shows, that the quota is
+		// not the reason.
 		return evOther
 	case s.throttled():
 		return evExhausted

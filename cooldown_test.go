@@ -150,7 +150,7 @@ func TestCooldownWhatPausesAKey(t *testing.T) {
 		{"200 with the structured RateLimit field", rtyA(200, "RateLimit", `"default";r=0;t=5`), nil, probeHold},
 		{"200 with Remaining 0 and a reset sooner than the probe", rtyA(200, "RateLimit", `"default";r=0;t=0.05`), nil, 50 * time.Millisecond},
 		{"Retry-After with Remaining 0: the Retry-After", rtyA(429, "Retry-After", "1", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "3"), nil, time.Second},
-		{"429 with Retry-After over the default cap: a minute", rtyA(429, "Retry-After", "86400"), nil, time.Minute},
+		{"429 with Retry-After over the default cap: two minutes", rtyA(429, "Retry-After", "86400"), nil, 2 * time.Minute},
 		{"200 with requests remaining: no pause", rtyA(200, "X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "1"), nil, 0},
 		{"Remaining 0 without a reset: no pause", rtyA(200, "X-RateLimit-Remaining", "0"), nil, 0},
 		{"429 without Retry-After: no pause", rtyA(429), nil, 0},

@@ -17,8 +17,13 @@ import (
 // default written beside it.
 //
 // What is retried, and why:
-//   - 429, and 503 with Retry-After, mean the provider did not process the
-//     request: retried whatever the method.
+//   - 429, 503 with Retry-After, and 529 (Anthropic's overloaded_error)
+//     mean the provider did not process the request: retried whatever the
+//     method.
+//   - A 529, or a 503 without Retry-After, is the provider's own overload,
+//     not the caller's quota: its request waits at least a short fixed
+//     pause (1 s) before it goes again, and the key is neither held nor
+//     slowed.
 //   - A network error, or another status of RetryableStatuses, may come after
 //     the provider acted: retried only for idempotent methods (GET, HEAD,
 //     OPTIONS, TRACE, PUT, DELETE) or requests with an Idempotency-Key header.
@@ -32,6 +37,10 @@ import (
 // wait would outlast the context's deadline, MaxElapsed, or when Retry-After
 // asks for more than MaxRetryAfter, the caller gets the response at once.
 // Every retry passes the limiter again.
+//
+// A Transport with a RetryPolicy is the one layer that retries: see
+// SDKRetries for how it keeps a provider's SDK above it from sending its
+// calls again.
 type RetryPolicy struct {
 	// MaxAttempts is the number of attempts in all, the first included.
 	// Default 3; 1 disables retries (pauses are still honoured).
@@ -49,7 +58,7 @@ type RetryPolicy struct {
 	// WithMaxQuotaHold.)
 	MaxRetryAfter time.Duration
 	// RetryableStatuses are the statuses worth another attempt.
-	// Default 429, 502, 503, 504.
+	// Default 429, 502, 503, 504, 529.
 	RetryableStatuses []int
 	// Classify, when set, decides first: it sees each attempt's response or
 	// error and returns RetryDefault to apply the rules above, RetryYes to
@@ -58,7 +67,16 @@ type RetryPolicy struct {
 	Classify func(req *http.Request, resp *http.Response, err error) RetryDecision
 	// BudgetRatio caps retries at this fraction of recent first attempts
 	// (over the last 10 s, per Transport), so that an outage does not
-	// multiply the traffic. Default 0.2.
+	// multiply the traffic. Default 0.2. What it counts is what an outage
+	// looks like: network errors, 5xx, overload, and throttles about the
+	// quota. A throttle that the provider asks to be retried (a
+	// Retry-After, or Stripe-Should-Retry/x-should-retry: true) and says
+	// is not about the quota (Stripe's lock_timeout, Discord's shared
+	// scope, or a count of requests with room left) is not an outage: its
+	// retries draw on an allowance of their own, one retry per recent
+	// first attempt (as AWS's retry quota charges a throttle and a timeout
+	// differently), so a provider that asks for them never exhausts the
+	// budget, and a hostile one cannot more than double the traffic.
 	BudgetRatio float64
 	// BudgetFloor is the number of retries allowed per 10 s however few the
 	// first attempts, so a quiet service can still retry. It is a minimum,
@@ -71,6 +89,24 @@ type RetryPolicy struct {
 	// drained and closed). By default the caller gets that response, as
 	// http.Client would.
 	ErrorOnExhausted bool
+	// SDKRetries, when true, lets a layer above the Transport retry too: a
+	// provider's SDK (openai-go, anthropic-sdk-go, stripe-go) that has the
+	// Transport as its HTTP client sends again, by default, what egress
+	// returns, and the two layers' attempts multiply (3 × 3 = 9 attempts
+	// at the provider for one call). By default (false) the Transport is
+	// the one layer that retries:
+	//   - every response it returns with an error status carries
+	//     X-Should-Retry: false and Stripe-Should-Retry: false, the words
+	//     with which providers tell their SDKs not to retry; and
+	//   - a call it ended with an error (a refusal, or a network error it
+	//     would not retry), sent again within 10 s by an SDK (a request
+	//     with X-Stainless-Retry-Count above 0, or with the same
+	//     Idempotency-Key, to the same method, host and path, with the same
+	//     context deadline), is not sent: the SDK gets the same error at
+	//     once.
+	// So a provider sees at most MaxAttempts attempts of a call, and a
+	// call egress refuses is never sent.
+	SDKRetries bool
 }
 
 // RetryDecision is what RetryPolicy.Classify says of an attempt.
@@ -95,11 +131,15 @@ const (
 	defaultMaxRetryAfter = time.Minute
 	defaultBudgetRatio   = 0.2
 	defaultBudgetFloor   = 10
+	// overloadPause is the least a request answered 529, or 503 without
+	// Retry-After, waits before it is sent again (see Signal.overloaded).
+	overloadPause = time.Second
 )
 
 var defaultRetryableStatuses = []int{
 	http.StatusTooManyRequests, http.StatusBadGateway,
 	http.StatusServiceUnavailable, http.StatusGatewayTimeout,
+	statusOverloaded,
 }
 
 // withDefaults returns p with its zero fields set, or an error naming the
@@ -215,7 +255,8 @@ func (p *RetryPolicy) worthRetry(req *http.Request, resp *http.Response, err err
 	case !slices.Contains(p.RetryableStatuses, resp.StatusCode):
 		return false
 	case resp.StatusCode == http.StatusTooManyRequests,
-		resp.StatusCode == http.StatusServiceUnavailable && s.HasRetryAfter:
+		resp.StatusCode == http.StatusServiceUnavailable && s.HasRetryAfter,
+		resp.StatusCode == statusOverloaded:
 		return true // not processed: safe for any method
 	}
 	return idempotent(req)
@@ -272,6 +313,7 @@ type retryBudget struct {
 type budgetSlot struct {
 	sec             int64
 	firsts, retries int
+	asked           int // retries of throttles the provider asked for (see RetryPolicy.BudgetRatio)
 }
 
 // slot returns the slot of now's second, emptied if it held an older one.
@@ -294,21 +336,43 @@ func (b *retryBudget) deposit(now time.Time) {
 }
 
 // withdraw takes one retry from the budget, or reports that there is none.
-func (b *retryBudget) withdraw(now time.Time) bool {
+// asked says the retry is of a throttle the provider asked to be retried
+// and said is not about the quota: it draws on its own allowance, one
+// retry per first attempt (or the floor), not on the budget.
+func (b *retryBudget) withdraw(now time.Time, asked bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cur := b.slot(now)
 	oldest := now.Unix() - int64(len(b.slots)) + 1
-	firsts, retries := 0, 0
+	firsts, retries, askedFor := 0, 0, 0
 	for _, s := range b.slots {
 		if s.sec >= oldest {
 			firsts += s.firsts
 			retries += s.retries
+			askedFor += s.asked
 		}
+	}
+	if asked {
+		if askedFor+1 > max(firsts, b.floor) {
+			return false
+		}
+		cur.asked++
+		return true
 	}
 	if float64(retries+1) > max(b.ratio*float64(firsts), float64(b.floor)) {
 		return false
 	}
 	cur.retries++
 	return true
+}
+
+// askedRetry reports whether s is a throttle that the provider asks to be
+// retried (a Retry-After, or its own word) and says is not about the
+// caller's quota: a retry of it does not count against the retry budget.
+func askedRetry(s *Signal) bool {
+	if !(s.HasRetryAfter || s.Retry == RetryYes) {
+		return false
+	}
+	q, _, ok := s.requestQuota()
+	return s.notAboutQuota(q, ok)
 }

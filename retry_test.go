@@ -149,7 +149,7 @@ func TestRetryPolicyDefaults(t *testing.T) {
 			want: RetryPolicy{
 				MaxAttempts: 3, BaseDelay: 200 * time.Millisecond, MaxDelay: 10 * time.Second,
 				MaxElapsed: time.Minute, MaxRetryAfter: time.Minute,
-				RetryableStatuses: []int{429, 502, 503, 504}, BudgetRatio: 0.2, BudgetFloor: 10,
+				RetryableStatuses: []int{429, 502, 503, 504, 529}, BudgetRatio: 0.2, BudgetFloor: 10,
 			},
 		},
 		{
@@ -171,7 +171,7 @@ func TestRetryPolicyDefaults(t *testing.T) {
 			want: RetryPolicy{
 				MaxAttempts: 3, BaseDelay: 20 * time.Second, MaxDelay: 20 * time.Second,
 				MaxElapsed: time.Minute, MaxRetryAfter: time.Minute,
-				RetryableStatuses: []int{429, 502, 503, 504}, BudgetRatio: 0.2, BudgetFloor: 10,
+				RetryableStatuses: []int{429, 502, 503, 504, 529}, BudgetRatio: 0.2, BudgetFloor: 10,
 			},
 		},
 		{
@@ -195,11 +195,11 @@ func TestRetryPolicyDefaults(t *testing.T) {
 		})
 	}
 
-	t.Run("holds are capped at a minute, or WithMaxPause", func(t *testing.T) {
+	t.Run("holds are capped at two minutes, or WithMaxPause", func(t *testing.T) {
 		tr, err := New(nil)
 		require.NoError(t, err)
 		assert.Nil(t, tr.retry)
-		assert.Equal(t, time.Minute, tr.maxPause)
+		assert.Equal(t, 2*time.Minute, tr.maxPause)
 		tr, err = New(nil, WithRetry(RetryPolicy{MaxRetryAfter: time.Hour}), WithMaxPause(5*time.Second))
 		require.NoError(t, err)
 		assert.Equal(t, 5*time.Second, tr.maxPause, "MaxRetryAfter does not set the pause cap")
@@ -270,7 +270,7 @@ func TestRetryBudgetSteps(t *testing.T) {
 					b.deposit(now)
 				}
 				for j, want := range s.want {
-					assert.Equal(t, want, b.withdraw(now), "step %d (t0+%v), withdrawal %d", i, s.at, j)
+					assert.Equal(t, want, b.withdraw(now, false), "step %d (t0+%v), withdrawal %d", i, s.at, j)
 				}
 			}
 		})
@@ -839,7 +839,9 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 
 func TestRetryObserverOnRetry(t *testing.T) {
 	t.Run("attempt number, backoff delay and the status that caused it", func(t *testing.T) {
-		srv := newRecServer(t, rtyScript(rtyA(503), rtyA(429), rtyA(200)))
+		// (A 502: a 503 without Retry-After is overload, and waits its
+		// fixed pause; see TestRetryOverloadIsNotQuota.)
+		srv := newRecServer(t, rtyScript(rtyA(502), rtyA(429), rtyA(200)))
 		rec := &obsRecorder{}
 		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{BaseDelay: 4 * time.Millisecond, MaxDelay: time.Second}, WithObserver(rec.observer()))
 		tr.rand = func() float64 { return 0.5 } // half of each ceiling: 2ms, then 4ms
@@ -851,10 +853,10 @@ func TestRetryObserverOnRetry(t *testing.T) {
 		retries, sent, exhausted := rec.retryLog()
 		key := srv.host()
 		assert.Equal(t, []obsRetry{
-			{key: key, attempt: 2, delay: 2 * time.Millisecond, status: 503},
+			{key: key, attempt: 2, delay: 2 * time.Millisecond, status: 502},
 			{key: key, attempt: 3, delay: 4 * time.Millisecond, status: 429},
 		}, retries)
-		assert.Equal(t, [][2]int{{1, 503}, {2, 429}, {3, 200}}, sent)
+		assert.Equal(t, [][2]int{{1, 502}, {2, 429}, {3, 200}}, sent)
 		assert.Empty(t, exhausted)
 	})
 

@@ -284,6 +284,30 @@ func (s *Signal) throttled() bool {
 		(s.Status == http.StatusServiceUnavailable && s.HasRetryAfter)
 }
 
+// notAboutQuota reports whether a throttle is, by the provider's own
+// word, not about the caller's quota: it says so (ScopeOther: a lock, a
+// shared resource), or its count of requests, q (when hasQ), has room and
+// it does not say the quota is the reason.
+func (s *Signal) notAboutQuota(q Quota, hasQ bool) bool {
+	if !s.throttled() {
+		return false
+	}
+	return s.Scope == ScopeOther || (hasQ && q.Remaining > 0 && s.Scope != ScopeQuota)
+}
+
+// statusOverloaded is the status Anthropic answers when its API as a whole
+// is overloaded (529 overloaded_error): not about the caller's quota.
+const statusOverloaded = 529
+
+// overloaded reports whether the provider refused the request for its own
+// load, not the caller's rate: a 529, or a 503 that names no wait (a 503
+// with Retry-After is a throttle: see throttled). Such a response is
+// retried after a short fixed pause for its own request (overloadPause);
+// it never holds the key nor lowers its rate.
+func (s *Signal) overloaded() bool {
+	return s.Status == statusOverloaded || (s.Status == http.StatusServiceUnavailable && !s.HasRetryAfter)
+}
+
 // readSignal reads resp's signal at now with the built-in readers only,
 // capping waits at maxWait; the host is the one of resp.Request, when set.
 // A Transport reads with its own settings through signalConfig.readSignal.

@@ -53,6 +53,7 @@ type Transport struct {
 	obs          Observer
 	retry        *RetryPolicy // nil: no retries
 	budget       retryBudget  // used when retry != nil
+	resends      *resends     // the calls ended with an error, for an SDK's resends; nil with no retry or RetryPolicy.SDKRetries
 	maxPause     time.Duration
 	maxQuotaHold time.Duration
 	learner      Learner // the limiter, when it is one; else the Transport's own holds
@@ -175,7 +176,7 @@ func WithRetry(p RetryPolicy) Option {
 // WithMaxPause caps how long a response's Retry-After may hold a key or
 // delay its request: a hostile or broken header never parks the fleet for
 // longer. A longer Retry-After counts as this long, and a retry it asked for
-// is given up. Default 1 minute. It must be positive. (An exhausted quota's
+// is given up. Default 2 minutes. It must be positive. (An exhausted quota's
 // reset has its own cap: WithMaxQuotaHold.)
 func WithMaxPause(d time.Duration) Option {
 	return optionFunc(func(c *config) {
@@ -337,6 +338,9 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	}
 	if t.retry != nil {
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
+		if !t.retry.SDKRetries {
+			t.resends = new(resends)
+		}
 	}
 	if l, ok := c.limiter.(Learner); ok {
 		t.learner = l
@@ -347,9 +351,11 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	return t, nil
 }
 
-// The defaults of WithMaxPause and WithMaxQuotaHold.
+// The defaults of WithMaxPause and WithMaxQuotaHold. The pause cap is two
+// minutes, the longest wait openai-python honours in-line: a provider
+// that asks for 90 s is not sent to again after 60.
 const (
-	defaultMaxPause     = time.Minute
+	defaultMaxPause     = 2 * time.Minute
 	defaultMaxQuotaHold = 24 * time.Hour
 	defaultNearLimit    = 0.2
 )
@@ -366,9 +372,28 @@ func hostKey(req *http.Request) string { return req.URL.Host }
 func unitCost(*http.Request) int { return 1 }
 
 // RoundTrip implements http.RoundTripper: the path of a request in the
-// package doc, attempt after attempt.
+// package doc, attempt after attempt. With a RetryPolicy it is the one
+// layer that retries (see RetryPolicy.SDKRetries): an SDK's resend of a
+// call it ended with an error gets that error again, unsent, and a
+// response it returns is marked final.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key := t.keyFunc(req)
+	if t.resends == nil {
+		return t.roundTrip(req, key)
+	}
+	if err := t.resends.recall(req, t.clock.Now()); err != nil {
+		return nil, t.reject(req, key, err)
+	}
+	resp, err := t.roundTrip(req, key)
+	if err != nil {
+		t.resends.remember(req, err, t.clock.Now())
+	}
+	markFinal(resp)
+	return resp, err
+}
+
+// roundTrip sends req, of key, attempt after attempt.
+func (t *Transport) roundTrip(req *http.Request, key string) (*http.Response, error) {
 	cost, err := t.costOf(req, key)
 	if err != nil {
 		return nil, t.reject(req, key, err)
@@ -648,11 +673,14 @@ func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.
 	// the key's hold ends (the limiter would hold it anyway).
 	now := t.clock.Now()
 	delay := max(s.RetryAfter, b.NextBackOff(), d.NotBefore.Sub(now), d.Hold.Sub(now))
+	if s.overloaded() {
+		delay = max(delay, overloadPause)
+	}
 	at := now.Add(delay)
 	if dl, ok := req.Context().Deadline(); (ok && at.After(dl)) || at.Sub(start) > p.MaxElapsed {
 		return 0, giveUp
 	}
-	if !t.budget.withdraw(now) {
+	if !t.budget.withdraw(now, askedRetry(s)) {
 		if t.obs.OnBudgetExhausted != nil {
 			t.obs.OnBudgetExhausted(key)
 		}

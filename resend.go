@@ -1,0 +1,149 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A provider's SDK (openai-go, anthropic-sdk-go, stripe-go) that has a
+// Transport as its HTTP client retries on its own: a response with a
+// retryable status, and any error of the HTTP client, which it takes for a
+// connection error. When the Transport retries too (WithRetry), the two
+// layers' attempts multiply, and a request egress refused without sending
+// it is sent by the SDK's retry. resends is what keeps the Transport the
+// one layer that retries (see RetryPolicy.SDKRetries): it marks the
+// responses it returns as final, in the words the SDKs honour, and it
+// answers an SDK's resend of a call it ended with an error with that same
+// error, without sending it.
+
+// The request headers that tell a resend: the attempt number the Stainless
+// SDKs send (0 on a call's first attempt), and the key stripe-go sends
+// again with every attempt of a POST. (The response headers that tell an
+// SDK not to retry, x-should-retry and Stripe-Should-Retry, are read by
+// the dialects too: dialect_parse.go.)
+const (
+	hStainlessRetry = "X-Stainless-Retry-Count"
+	hIdempotencyKey = "Idempotency-Key"
+)
+
+// resendMemory is how long a call's error is kept for its SDK's resends:
+// the SDKs' own retries come within a few seconds (openai-go and
+// anthropic-sdk-go after 0.5 and 1 s, stripe-go after 0.5 s and more),
+// and a caller's own retry after longer is a new decision.
+const resendMemory = 10 * time.Second
+
+// maxRemembered bounds the calls remembered; past it the oldest goes.
+const maxRemembered = 4096
+
+// callID names a call across its SDK's attempts: the same method, host,
+// path, Idempotency-Key (empty when none) and context deadline (zero when
+// none). The SDKs resend a call with the same context, so with the same
+// deadline.
+type callID struct {
+	method, host, path, idem string
+	deadline                 time.Time
+}
+
+type remembered struct {
+	err   error
+	until time.Time
+}
+
+// resends remembers, for resendMemory, the errors a Transport ended calls
+// with. It is safe for concurrent use; its zero value is ready.
+type resends struct {
+	n     atomic.Int32 // len(calls), read without mu on every request
+	mu    sync.Mutex
+	calls map[callID]remembered // guarded by mu
+	order []callID              // guarded by mu; oldest first
+}
+
+// resent reports whether req may be an SDK's resend of a call: its
+// Stainless attempt number is above 0, or it carries an Idempotency-Key.
+// It allocates nothing.
+func resent(req *http.Request) bool {
+	if v := req.Header[hStainlessRetry]; len(v) > 0 && v[0] != "" && v[0] != "0" {
+		return true
+	}
+	return len(req.Header[hIdempotencyKey]) > 0
+}
+
+func idOf(req *http.Request) callID {
+	id := callID{method: req.Method, host: req.URL.Host, path: req.URL.Path}
+	if v := req.Header[hIdempotencyKey]; len(v) > 0 {
+		id.idem = v[0]
+	}
+	id.deadline, _ = req.Context().Deadline()
+	return id
+}
+
+// recall returns the error the Transport ended req's call with, when req
+// is a resend of it within resendMemory; nil otherwise.
+func (r *resends) recall(req *http.Request, now time.Time) error {
+	if r.n.Load() == 0 || !resent(req) {
+		return nil
+	}
+	id := idOf(req)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.calls[id]; ok && now.Before(c.until) {
+		return c.err
+	}
+	return nil
+}
+
+// remember keeps err as the end of req's call, unless the call's own
+// context ended it (its SDK does not resend that).
+func (r *resends) remember(req *http.Request, err error, now time.Time) {
+	if req.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return
+	}
+	id := idOf(req)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.calls == nil {
+		r.calls = make(map[callID]remembered)
+	}
+	r.forget(now)
+	if _, ok := r.calls[id]; !ok {
+		r.order = append(r.order, id)
+	}
+	r.calls[id] = remembered{err: err, until: now.Add(resendMemory)}
+	r.n.Store(int32(len(r.calls)))
+}
+
+// forget drops the calls remembered past their time, and the oldest when
+// there are too many. (A call remembered again keeps its first place.)
+// The caller holds mu.
+func (r *resends) forget(now time.Time) {
+	drop := 0
+	for ; drop < len(r.order); drop++ {
+		id := r.order[drop]
+		if now.Before(r.calls[id].until) && len(r.order)-drop < maxRemembered {
+			break
+		}
+		delete(r.calls, id)
+	}
+	r.order = append(r.order[:0], r.order[drop:]...)
+}
+
+// markFinal tells an SDK above the Transport not to retry resp: egress
+// already retried it as its policy allows, or decided it is not worth it.
+// A response without an error status is left as it is (no SDK retries
+// one), so that the allowed path costs nothing.
+func markFinal(resp *http.Response) {
+	if resp == nil || resp.StatusCode < 400 {
+		return
+	}
+	if resp.Header == nil {
+		resp.Header = make(http.Header, 2)
+	}
+	v := make([]string, 2) // one allocation for both
+	v[0], v[1] = "false", "false"
+	resp.Header[hShouldRetry] = v[0:1:1]
+	resp.Header[hStripeShouldRetry] = v[1:2:2]
+}
