@@ -209,13 +209,21 @@ type RetryError struct {
 	Key      string // the request's limiter key
 	Attempts int    // attempts made
 	Status   int    // the last response's status; 0 when it was an error
-	Err      error  // the last attempt's error; nil when there was a response
+	// RetryAfter is the wait the last response asked for (Retry-After and
+	// its kin), also when it is longer than the pause cap (WithMaxPause)
+	// or MaxRetryAfter and the request was given up for it; 0 when it
+	// asked for none.
+	RetryAfter time.Duration
+	Err        error // the last attempt's error; nil when there was a response
 }
 
 // Error describes the failure.
 func (e *RetryError) Error() string {
 	if e.Err != nil {
 		return fmt.Sprintf("egress: key %q: gave up after %d attempts: %v", e.Key, e.Attempts, e.Err)
+	}
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("egress: key %q: gave up after %d attempts: status %d, asked to wait %v", e.Key, e.Attempts, e.Status, e.RetryAfter)
 	}
 	return fmt.Sprintf("egress: key %q: gave up after %d attempts: status %d", e.Key, e.Attempts, e.Status)
 }

@@ -979,3 +979,17 @@ func TestRetryWithoutWithRetrySendsOnce(t *testing.T) {
 	assert.Equal(t, "attempt 1: 503", rtyRead(t, resp))
 	assert.Equal(t, 1, srv.count())
 }
+
+func TestRetryErrorStatesTheWaitAskedFor(t *testing.T) {
+	srv := newRecServer(t, rtyScript(rtyA(429, "Retry-After", "300")))
+	tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{ErrorOnExhausted: true})
+	start := time.Now()
+	_, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, srv.URL+"/v1", ""))
+	var re *RetryError
+	require.ErrorAs(t, err, &re)
+	assert.Less(t, time.Since(start), 5*time.Second, "given up at once: 300 s is past MaxRetryAfter")
+	assert.Equal(t, 1, re.Attempts)
+	assert.Equal(t, 300*time.Second, re.RetryAfter, "the real wait, past the 2-minute pause cap")
+	assert.Contains(t, err.Error(), "asked to wait 5m0s")
+	assert.Equal(t, 1, srv.count())
+}

@@ -356,7 +356,8 @@ func TestTimedRetryCancelDuringTheBackoff(t *testing.T) {
 func TestTimedRetriesPassTheLimiter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const interval = 200 * time.Millisecond // 5/s
-		srv := newMemServer(t, rtyScript(rtyA(502), rtyA(200))) // (a 503 without Retry-After waits the overload pause)
+		// (A 502: a 503 without Retry-After waits the overload pause.)
+		srv := newMemServer(t, rtyScript(rtyA(502), rtyA(200)))
 		tb, err := NewTokenBucket(PerSecond(5), 1)
 		require.NoError(t, err)
 		rec := &obsRecorder{}

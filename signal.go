@@ -68,6 +68,9 @@ type Signal struct {
 	// cfg holds the per-host settings while the readers run; readSignal
 	// clears it before it returns the Signal.
 	cfg *signalConfig
+	// asked is RetryAfter before the Transport's pause cap (WithMaxPause):
+	// the real wait, for a request given up because it asked for longer.
+	asked time.Duration
 }
 
 // Quota is one limit a provider reported in a response.

@@ -426,7 +426,7 @@ func (t *Transport) roundTrip(req *http.Request, key string) (*http.Response, er
 		case stop:
 			return resp, err
 		case giveUp:
-			return t.giveUp(key, attempt, resp, err)
+			return t.giveUp(key, attempt, resp, err, sig.asked)
 		}
 		drain(resp)
 		if err := sleep(req.Context(), t.clock, delay); err != nil {
@@ -598,6 +598,7 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, se
 	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), max(t.maxPause, t.maxQuotaHold))
 	sig.InFlight = inFlight
 	t.checkNear(key, &sig)
+	sig.asked = sig.RetryAfter
 	if sig.RetryAfter > t.maxPause {
 		// Retry-After has the pause cap; only a quota's reset may hold longer.
 		sig.RetryAfter, sig.RetryAfterTooLong = t.maxPause, true
@@ -694,12 +695,13 @@ func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.
 
 // giveUp returns the last outcome of a request that ran out of attempts,
 // time or budget: as it is, or as a *RetryError when the policy says so.
-func (t *Transport) giveUp(key string, attempts int, resp *http.Response, err error) (*http.Response, error) {
+// asked is the wait the last response asked for, past the pause cap.
+func (t *Transport) giveUp(key string, attempts int, resp *http.Response, err error, asked time.Duration) (*http.Response, error) {
 	if !t.retry.ErrorOnExhausted {
 		return resp, err
 	}
 	drain(resp)
-	return nil, &RetryError{Key: key, Attempts: attempts, Status: statusOf(resp, err), Err: err}
+	return nil, &RetryError{Key: key, Attempts: attempts, Status: statusOf(resp, err), RetryAfter: asked, Err: err}
 }
 
 // rewind returns a copy of req to send again, with a fresh body from
