@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
@@ -329,21 +328,53 @@ func (b *slotBody) Close() error {
 	return err
 }
 
-// slot is one attempt's hold of an in-flight slot.
+// slot is one attempt's hold of an in-flight slot. Its free runs on the
+// caller's goroutine (the body read to its end or closed) and on the
+// goroutine of the context's AfterFunc, possibly at once, and possibly
+// before holdSlot has stored stop: mu orders them, and the first to come
+// releases the slot.
 type slot struct {
-	release func()
-	stop    func() bool // stops the context's AfterFunc
-	done    atomic.Bool
+	release func() // set before the slot is shared; read only by the first free
+
+	mu   sync.Mutex
+	stop func() bool // stops the context's AfterFunc; nil until set; guarded by mu
+	done bool        // the slot was freed; guarded by mu
 }
 
+// free releases the slot the first time it is called and does nothing
+// after; it is safe for concurrent use.
 func (s *slot) free() {
-	if s == nil || !s.done.CompareAndSwap(false, true) {
+	if s == nil {
 		return
 	}
-	if s.stop != nil {
-		s.stop()
+	s.mu.Lock()
+	if s.done {
+		s.mu.Unlock()
+		return
+	}
+	s.done = true
+	stop := s.stop
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 	s.release()
+}
+
+// watch frees the slot when ctx ends. When ctx has ended already, the
+// AfterFunc frees it on a goroutine of its own, which may run before or
+// while the stop function is stored.
+func (s *slot) watch(ctx context.Context) {
+	stop := context.AfterFunc(ctx, s.free)
+	s.mu.Lock()
+	done := s.done
+	if !done {
+		s.stop = stop
+	}
+	s.mu.Unlock()
+	if done {
+		stop() // freed meanwhile: nothing is left to watch
+	}
 }
 
 // holdSlot ties the slot release to resp's body, or frees it at once when
@@ -358,12 +389,12 @@ func holdSlot(ctx context.Context, release func(), resp *http.Response, err erro
 		return resp
 	}
 	s := &slot{release: release}
-	s.stop = context.AfterFunc(ctx, s.free)
+	s.watch(ctx)
 	resp.Body = &slotBody{ReadCloser: resp.Body, slot: s}
 	return resp
 }
 
-// errInFlightLimiter is the error of a nil InFlightLimiter option.
+// inFlightConfigError is the error of a nil InFlightLimiter option.
 func inFlightConfigError(l InFlightLimiter) error {
 	return configError("WithInFlightLimit", fmt.Sprintf("%T(nil)", l), "the in-flight limiter must not be nil")
 }

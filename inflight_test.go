@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -288,4 +289,156 @@ func TestTransportInFlightUnclosedBody(t *testing.T) {
 	assert.Less(t, took, 2*time.Second)
 	leaked.Body.Close() // late: frees nothing more
 	assert.Zero(t, l.InFlight(srv.host()))
+}
+
+// countingRelease returns a release function that counts its calls.
+func countingRelease() (func(), *atomic.Int32) {
+	var n atomic.Int32
+	return func() { n.Add(1) }, &n
+}
+
+// slotResp is a 200 response whose body is the given text.
+func slotResp(body string) *http.Response {
+	return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(body))}
+}
+
+// TestHoldSlotFreesOnce: whatever frees a slot first — the body read to
+// its end, the body closed, the attempt failing, no body at all, or the
+// request's context ending before or after the response — the slot's
+// release runs exactly once, however many of them follow.
+func TestHoldSlotFreesOnce(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context // nil: a context cancelled mid-way by run
+		resp *http.Response
+		err  error
+		run  func(resp *http.Response, cancel context.CancelFunc)
+	}{
+		{"read to EOF, then closed, then the context ends", nil, slotResp("abc"), nil, func(r *http.Response, cancel context.CancelFunc) {
+			io.ReadAll(r.Body)
+			r.Body.Close()
+			cancel()
+		}},
+		{"closed unread, twice, then the context ends", nil, slotResp("abc"), nil, func(r *http.Response, cancel context.CancelFunc) {
+			r.Body.Close()
+			r.Body.Close()
+			cancel()
+		}},
+		{"the context ends, then the body is read and closed", nil, slotResp("abc"), nil, func(r *http.Response, cancel context.CancelFunc) {
+			cancel()
+			io.ReadAll(r.Body)
+			r.Body.Close()
+		}},
+		{"the context ended before the response", ended, slotResp("abc"), nil, func(r *http.Response, _ context.CancelFunc) {
+			io.ReadAll(r.Body)
+			r.Body.Close()
+		}},
+		{"the attempt failed", nil, nil, errors.New("connection refused"), func(*http.Response, context.CancelFunc) {}},
+		{"no body", nil, &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody}, nil, func(*http.Response, context.CancelFunc) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := tc.ctx, context.CancelFunc(func() {})
+			if ctx == nil {
+				ctx, cancel = context.WithCancel(context.Background())
+			}
+			defer cancel()
+			release, n := countingRelease()
+			resp := holdSlot(ctx, release, tc.resp, tc.err)
+			tc.run(resp, cancel)
+			spinUntil(t, "the slot is freed", func() bool { return n.Load() >= 1 })
+			time.Sleep(5 * time.Millisecond) // room for a second, wrong, release
+			assert.Equal(t, int32(1), n.Load())
+		})
+	}
+}
+
+// TestHoldSlotContextEndsConcurrently: a context that has ended by the
+// time holdSlot ties the slot to the body (it ended during the attempt)
+// runs the slot's free on a goroutine of its own, at once, while holdSlot
+// is still setting the slot up; one that ends on another goroutine does the
+// same while the caller reads and closes the body. Under -race that must be
+// free of data races, and the slot freed once.
+func TestHoldSlotContextEndsConcurrently(t *testing.T) {
+	for range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		release, n := countingRelease()
+		resp := holdSlot(ctx, release, slotResp("abc"), nil)
+		spinUntil(t, "the context's end frees the slot", func() bool { return n.Load() >= 1 })
+		resp.Body.Close()
+
+		ctx, cancel = context.WithCancel(context.Background())
+		release, m := countingRelease()
+		go cancel()
+		resp = holdSlot(ctx, release, slotResp("abc"), nil)
+		io.ReadAll(resp.Body)
+		spinUntil(t, "the slot is freed", func() bool { return m.Load() >= 1 })
+		<-ctx.Done()
+		resp.Body.Close()
+		if n.Load() != 1 || m.Load() != 1 {
+			t.Fatalf("released %d and %d times, want once each", n.Load(), m.Load())
+		}
+	}
+}
+
+// TestTransportInFlightContextEnds: 10 callers through a cap of 3, against
+// a server whose body follows its headers by 50 ms, with contexts that end
+// during the attempt — cancelled as the response arrives, or at a deadline
+// while the body is on its way. Under -race there is no data race, and
+// every slot comes back. (The server's own count is no check of the cap: a
+// request whose context ended frees its slot while the server still works
+// on it.)
+func TestTransportInFlightContextEnds(t *testing.T) {
+	var answered atomic.Int64 // responses whose headers were sent
+	srv := newRecServer(t, func(_ int, w http.ResponseWriter, _ *http.Request) {
+		answered.Add(1)
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond)
+		w.Write([]byte("0123456789"))
+	})
+	l, err := NewInFlightLimit(3)
+	require.NoError(t, err)
+	// The base cancels the request's context as its response arrives: the
+	// context ends during the attempt, before the Transport holds the slot.
+	var cancels sync.Map // *http.Request's context -> context.CancelFunc
+	pooled := srv.pooled(t)
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := pooled.RoundTrip(req)
+		if c, ok := cancels.Load(req.Context()); ok {
+			c.(context.CancelFunc)()
+		}
+		return resp, err
+	})
+	tr := mustNewTransport(t, base, WithInFlightLimit(l))
+	var wg sync.WaitGroup
+	for w := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 6 {
+				var ctx context.Context
+				var cancel context.CancelFunc
+				if (w+i)%2 == 0 {
+					ctx, cancel = context.WithCancel(context.Background())
+					cancels.Store(ctx, cancel)
+				} else {
+					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(10+5*i)*time.Millisecond)
+				}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+				if resp, err := tr.RoundTrip(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				cancels.Delete(ctx)
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	spinUntil(t, "every slot comes back", func() bool { return l.InFlight(srv.host()) == 0 })
+	assert.Positive(t, srv.count())
+	assert.Positive(t, answered.Load())
 }
