@@ -3,6 +3,7 @@ package egress
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -69,6 +70,9 @@ type Limit struct {
 	n      int           // a bucket's burst; a window's quota
 	w      time.Duration // a window's length
 	parent func(key string) string
+	// parentSet records a call of Parent, so that validate refuses a nil
+	// parent rather than read it as no parent.
+	parentSet bool
 }
 
 // BucketOf returns a token-bucket limit on dimension d: bursts up to burst
@@ -87,9 +91,11 @@ func WindowOf(d Dimension, n int, w time.Duration) Limit {
 // key parent(key), which every key with the same parent shares (the whole
 // account or host, above one limit per endpoint). HostOf is the parent of
 // the keys RouteKeys makes. A request is admitted only when its own key's
-// limits and its parents' all grant its cost.
+// limits and its parents' all grant its cost. parent must not be nil:
+// NewLimits and NewSharedLimits refuse a limit whose parent is nil.
 func (l Limit) Parent(parent func(key string) string) Limit {
 	l.parent = parent
+	l.parentSet = true
 	return l
 }
 
@@ -122,6 +128,9 @@ func (l Limit) validate(op string, i int) error {
 	op = fmt.Sprintf("%s: limit %d (%s)", op, i, l.dim)
 	if l.dim > Points {
 		return configError(op+": dimension", int(l.dim), "is not one of Requests, Tokens, InputTokens, OutputTokens, Points")
+	}
+	if l.parentSet && l.parent == nil {
+		return configError(op+": Parent", "nil", "the parent function must not be nil")
 	}
 	if l.window {
 		if l.n < 1 || l.n > math.MaxInt32 {
@@ -171,6 +180,16 @@ func (l *Limit) key(key string) string {
 // the under-estimates of the requests still unsettled when the last of
 // them was admitted: the estimate's error times the requests in flight.
 //
+// A window learns from the settlements how its key's requests settle (the
+// ratio of actual to estimate, and how long after their turn), and keeps
+// the requests in flight once a settlement has differed from its estimate
+// (28 bytes each, until settled). A request whose turn, planned on the
+// estimates in flight, lies beyond its deadline or maximum wait is then
+// refused at once only when it would lie beyond them even once those
+// requests settle as the key's have been settling; otherwise it waits for
+// the refunds (see WaitCost). Every turn given is still the one the
+// windows allow, so the bound above holds.
+//
 // A Limits is a Learner: it holds a key as a Transport without a learning
 // limiter does (a Retry-After, an exhausted requests quota), and a
 // provider's count in a dimension (remaining tokens, remaining requests
@@ -191,11 +210,13 @@ type Limits struct {
 }
 
 // limitState is one key's state of one limit: a bucket's tat, or a
-// window's grants.
+// window's grants, and what the window learnt of their settlements.
 type limitState struct {
-	tat  time.Time // a bucket's theoretical arrival time: full when ≤ now
-	last time.Time // a bucket's latest turn given
-	log  grantLog  // a window's grants
+	tat     time.Time   // a bucket's theoretical arrival time: full when ≤ now
+	last    time.Time   // a bucket's latest turn given
+	log     grantLog    // a window's grants
+	settled settleStats // a window's: how its grants have been settling (limits_settle.go)
+	open    []openGrant // a window's grants given and not yet settled, once settled tracks them
 }
 
 func (s *limitState) atRest(now time.Time) bool {
@@ -257,15 +278,22 @@ func (l *Limits) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 }
 
 // WaitCost blocks until every limit grants cost, as Limiter.Wait does for
-// one cost: never past ctx's deadline nor maxWait (a *LimitError at once,
-// whose Cost is the cost in the dimension of the limit that would have
-// made it wait longest), and when ctx ends during the wait it returns
-// ctx.Err() and gives every limit its capacity back. A cost above a limit's
-// burst or n fails at once with ErrCostTooHigh.
+// one cost: never past ctx's deadline nor maxWait (a *LimitError, whose
+// Cost is the cost in the dimension of the limit that would have made it
+// wait longest), and when ctx ends during the wait it returns ctx.Err()
+// and gives every limit its capacity back. A cost above a limit's burst or
+// n fails at once with ErrCostTooHigh.
 //
 // A request that waits for a turn in windows only may go sooner than the
 // turn it was first given: when a settlement gives room back, the waiters'
-// turns are given again, in their order (see replan).
+// turns are given again, in their order (see replan). So a request whose
+// turn lies beyond its budget is refused at once only when it would still
+// lie beyond it once the grants in flight settle as this key's grants have
+// been settling (see limits_settle.go); otherwise it waits for its turn,
+// and when no refund has brought that turn within its budget by the
+// budget's end (a few milliseconds before ctx's deadline), it gives its
+// turn back and returns a *LimitError. A refusal states the wait the
+// request needs under that expectation, from its arrival.
 func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
 	if err := cost.check(key); err != nil {
 		return Grant{}, err
@@ -273,8 +301,13 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 	if err := ctx.Err(); err != nil {
 		return Grant{}, err
 	}
+	b := waitBudget(ctx, maxWait)
 	l.mu.Lock()
-	g, now, err := l.reserveLocked(key, cost, waitBudget(ctx, maxWait))
+	g, now, err := l.reserveLocked(key, cost, b)
+	late := false // its turn is beyond b: it waits on the expectation
+	if err != nil {
+		g, late, err = l.reserveExpectingLocked(key, cost, b, now, err)
+	}
 	if err != nil || !g.At.After(now) {
 		l.mu.Unlock()
 		return g, err
@@ -282,14 +315,24 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 	l.seq++
 	w := &limitsWaiter{key: key, cost: cost, at: g.At, seq: l.seq, moved: make(chan struct{}, 1)}
 	l.waiters = append(l.waiters, w)
+	end := b.end(now, late)
 	l.mu.Unlock()
 	for {
 		l.mu.Lock()
-		d := w.at.Sub(l.clock.Now())
-		l.mu.Unlock()
+		cur := l.clock.Now()
+		d := w.at.Sub(cur)
 		if d <= 0 {
-			break
+			break // with mu held
 		}
+		if late && b.refuse(now, key, 0, w.at.Sub(now)) != nil {
+			if !cur.Before(end) {
+				e := l.giveUpLocked(w, g, b, now, cur)
+				l.mu.Unlock()
+				return Grant{}, e
+			}
+			d = min(d, end.Sub(cur))
+		}
+		l.mu.Unlock()
 		t := l.clock.NewTimer(d)
 		select {
 		case <-t.C():
@@ -298,16 +341,23 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 		case <-ctx.Done():
 			t.Stop()
 			l.mu.Lock()
+			cur := l.clock.Now()
+			if late && errors.Is(ctx.Err(), context.DeadlineExceeded) && b.refuse(now, key, 0, w.at.Sub(now)) != nil {
+				// Its budget ended before the clock's timer told it.
+				e := l.giveUpLocked(w, g, b, now, cur)
+				l.mu.Unlock()
+				return Grant{}, e
+			}
 			l.unwait(w)
 			g.At = w.at
-			l.cancelLocked(g, l.clock.Now())
+			l.cancelLocked(g, cur)
 			l.mu.Unlock()
 			return Grant{}, ctx.Err()
 		}
 	}
-	l.mu.Lock()
 	l.unwait(w)
 	g.At = w.at
+	l.openLocked(g)
 	l.mu.Unlock()
 	g.Waited = g.At.Sub(now)
 	return g, nil
@@ -439,15 +489,16 @@ func (l *Limits) reserve(key string, cost Cost, b budget) (Grant, time.Time, err
 	return l.reserveLocked(key, cost, b)
 }
 
-// reserveLocked is reserve; the caller holds mu.
+// reserveLocked is reserve; the caller holds mu. A grant whose turn has
+// come is counted among the grants in flight (see openLocked).
 func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Time, error) {
 	now := l.clock.Now()
 	at, binding := now, -1
 	if d, _ := l.holds.remaining(key); d > 0 {
-		at = now.Add(d) // the key is held: nothing goes before the hold ends
-		if e := b.refuse(now, key, cost.Requests, d); e != nil {
-			return Grant{}, now, e
-		}
+		// The key is held: nothing goes before the hold ends. A refusal
+		// states the turn the limits give after it, which a provider's
+		// count (see Learn) may put later than the hold.
+		at = now.Add(d)
 	}
 	var buf [4]*limitState
 	states := buf[:0] // the states of the limits, nil where the cost is 0
@@ -467,8 +518,11 @@ func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Tim
 			at, binding = t, i
 		}
 	}
-	if binding >= 0 {
-		c := cost.Of(l.limits[binding].dim)
+	if at.After(now) {
+		c := cost.Requests // the hold binds
+		if binding >= 0 {
+			c = cost.Of(l.limits[binding].dim)
+		}
 		if e := b.refuse(now, key, c, at.Sub(now)); e != nil {
 			return Grant{}, now, e
 		}
@@ -476,6 +530,9 @@ func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Tim
 	for i, st := range states {
 		if st != nil {
 			st.take(&l.limits[i], cost.Of(l.limits[i].dim), at)
+			if !at.After(now) && st.settled.track {
+				st.open = append(st.open, openGrant{at: at, cost: int32(cost.Of(l.limits[i].dim))})
+			}
 		}
 	}
 	return Grant{Key: key, Cost: cost, At: at}, now, nil
@@ -495,6 +552,7 @@ func (l *Limits) state(i int, key string, now time.Time) *limitState {
 	}
 	if lim.window {
 		s.log.trim(now)
+		s.trimOpen(now)
 	}
 	return s
 }
@@ -544,13 +602,18 @@ func (s *limitState) refund(lim *Limit, units int, at, now time.Time) {
 // that turn has left the window. A charge is counted as at most the
 // limit's burst or n. A grant settles once; settling a key the
 // limits no longer hold (its turn long gone) does nothing.
+//
+// Each window learns from its settlements how its grants settle (see
+// learnLocked), which decides whether WaitCost queues a request whose turn
+// lies beyond its budget.
 func (l *Limits) Settle(g Grant, actual Cost) {
-	if actual == g.Cost || g.At.IsZero() {
+	if g.At.IsZero() {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()
+	l.learnLocked(g, actual, now)
 	if l.settleLocked(g, actual, now) && len(l.waiters) > 0 {
 		l.replan(now)
 	}

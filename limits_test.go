@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -35,6 +37,40 @@ func TestNewLimitsValidates(t *testing.T) {
 		_, err := NewLimits(tc.limits...)
 		require.ErrorIs(t, err, ErrInvalidConfig)
 		assert.Contains(t, err.Error(), tc.want)
+	}
+}
+
+// TestLimitParentNil: a limit whose parent was set to nil is refused when
+// the limits are made, naming the limit, the option and the value, rather
+// than read as one limit per key; a limit without Parent, or with a parent,
+// is accepted. NewSharedLimits refuses the same (it does not contact
+// Redis to do so).
+func TestLimitParentNil(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, tc := range []struct {
+		name   string
+		limits []Limit
+		want   string // "": accepted
+	}{
+		{"window", []Limit{WindowOf(Requests, 2, time.Second).Parent(nil)}, "limit 0 (requests): Parent nil"},
+		{"bucket", []Limit{BucketOf(Requests, PerSecond(1), 1), BucketOf(Tokens, PerSecond(10), 10).Parent(nil)}, "limit 1 (tokens): Parent nil"},
+		{"reset to nil", []Limit{WindowOf(Requests, 2, time.Second).Parent(HostOf).Parent(nil)}, "limit 0 (requests): Parent nil"},
+		{"no parent", []Limit{WindowOf(Requests, 2, time.Second)}, ""},
+		{"a parent", []Limit{WindowOf(Requests, 2, time.Second).Parent(HostOf)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewLimits(tc.limits...)
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), "NewLimits: "+tc.want)
+			_, serr := NewSharedLimits(rdb, "a", tc.limits)
+			require.ErrorIs(t, serr, ErrInvalidConfig)
+			assert.Contains(t, serr.Error(), "NewSharedLimits: "+tc.want)
+		})
 	}
 }
 
