@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,6 +41,7 @@ const (
 	signalsEnv     = "EGRESS_SIGNALS"      // set to run TestSignalScenarios without naming it in -run
 	signalsSeedEnv = "EGRESS_SIGNALS_SEED" // another seed for the provider's draws (which requests the storm refuses)
 	signalsOutEnv  = "EGRESS_SIGNALS_OUT"  // a path to write the tables to, as markdown
+	signalsOnlyEnv = "EGRESS_SIGNALS_ONLY" // scenario ids to run, comma-separated (C,F); every one when empty
 	signalsBEnv    = "EGRESS_SIGNALS_B"    // scenario B's provider as "rate/burst", instead of 50/5
 	signalsName    = "TestSignalScenarios" // the test's name, for the -run gate
 )
@@ -113,7 +115,11 @@ func TestSignalScenarios(t *testing.T) {
 	goroutines := runtime.NumGoroutine()
 	var out strings.Builder
 	fmt.Fprintf(&out, "%s\n", benchkit.Machine())
+	only := os.Getenv(signalsOnlyEnv)
 	for _, sc := range signalScenarios() {
+		if only != "" && !slices.Contains(strings.Split(only, ","), sc.id) {
+			continue
+		}
 		table := signalTable(t, sc)
 		fmt.Fprintf(&out, "\n### %s. %s\n\n%s\n\n%s", sc.id, sc.title, sc.intro, table)
 	}
