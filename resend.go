@@ -1,9 +1,12 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,13 +15,17 @@ import (
 // A provider's SDK (openai-go, anthropic-sdk-go, stripe-go) that has a
 // Transport as its HTTP client retries on its own: a response with a
 // retryable status, and any error of the HTTP client, which it takes for a
-// connection error. When the Transport retries too (WithRetry), the two
-// layers' attempts multiply, and a request egress refused without sending
-// it is sent by the SDK's retry. resends is what keeps the Transport the
-// one layer that retries (see RetryPolicy.SDKRetries): it marks the
-// responses it returns as final, in the words the SDKs honour, and it
-// answers an SDK's resend of a call it ended with an error with that same
-// error, without sending it.
+// connection error; stripe-go also a 429 whose body says lock_timeout,
+// whatever its headers say. When the Transport retries too (WithRetry), the
+// two layers' attempts multiply, and a request egress refused without
+// sending it is sent by the SDK's retry. resends is what keeps the
+// Transport the one layer that retries (see RetryPolicy.SDKRetries): it
+// marks the responses it returns as final, in the words the SDKs honour;
+// it answers an SDK's resend of a call it ended with an error with that
+// same error, without sending it; and it answers the resend of a call
+// that carries an Idempotency-Key, which it ended with an error status,
+// with a copy of that response (its body kept, up to replayLimit), again
+// without sending it.
 
 // The request headers that tell a resend: the attempt number the Stainless
 // SDKs send (0 on a call's first attempt), and the key stripe-go sends
@@ -50,7 +57,33 @@ type callID struct {
 
 type remembered struct {
 	err   error
+	resp  *replay // the final response, when the call ended with one
 	until time.Time
+}
+
+// replay is a final response kept to answer a resend with.
+type replay struct {
+	status int
+	proto  string
+	major  int
+	minor  int
+	header http.Header
+	body   []byte
+}
+
+// replayLimit is the largest body a final response is kept with: an error
+// body (Stripe's lock_timeout is about 300 bytes). A longer one is not
+// kept, and its call's resend is sent.
+const replayLimit = 16 << 10
+
+// response returns a copy of the kept response, as the answer to req.
+func (p *replay) response(req *http.Request) *http.Response {
+	return &http.Response{
+		Status: strconv.Itoa(p.status) + " " + http.StatusText(p.status), StatusCode: p.status,
+		Proto: p.proto, ProtoMajor: p.major, ProtoMinor: p.minor,
+		Header: p.header.Clone(), Body: io.NopCloser(bytes.NewReader(p.body)),
+		ContentLength: int64(len(p.body)), Request: req,
+	}
 }
 
 // resends remembers, for resendMemory, the errors a Transport ended calls
@@ -81,28 +114,71 @@ func idOf(req *http.Request) callID {
 	return id
 }
 
-// recall returns the error the Transport ended req's call with, when req
-// is a resend of it within resendMemory; nil otherwise.
-func (r *resends) recall(req *http.Request, now time.Time) error {
+// recall returns how the Transport ended req's call — its error, or a copy
+// of its final response — when req is a resend of it within
+// resendMemory; ok is false otherwise.
+func (r *resends) recall(req *http.Request, now time.Time) (resp *http.Response, err error, ok bool) {
 	if r.n.Load() == 0 || !resent(req) {
-		return nil
+		return nil, nil, false
 	}
 	id := idOf(req)
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if c, ok := r.calls[id]; ok && now.Before(c.until) {
-		return c.err
+	c, found := r.calls[id]
+	r.mu.Unlock()
+	switch {
+	case !found || !now.Before(c.until):
+		return nil, nil, false
+	case c.resp != nil:
+		return c.resp.response(req), nil, true
 	}
-	return nil
+	return nil, c.err, true
 }
 
-// remember keeps err as the end of req's call, unless the call's own
-// context ended it (its SDK does not resend that).
-func (r *resends) remember(req *http.Request, err error, now time.Time) {
-	if req.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return
+// end keeps how the Transport ended req's call, for its SDK's resends: an
+// error, unless the call's own context ended it (its SDK does not resend
+// that); or, when req carries an Idempotency-Key, a response with an error
+// status whose body fits replayLimit (the body is read here, and resp's
+// body replaced with what was read).
+func (r *resends) end(req *http.Request, resp *http.Response, err error, now time.Time) {
+	switch {
+	case err != nil:
+		if req.Context().Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			r.remember(req, remembered{err: err}, now)
+		}
+	case resp.StatusCode >= 400 && len(req.Header[hIdempotencyKey]) > 0:
+		if p := keep(resp); p != nil {
+			r.remember(req, remembered{resp: p}, now)
+		}
 	}
+}
+
+// keep reads resp's body, when it fits replayLimit, and returns the
+// response to replay; resp keeps a body that reads the same.
+func keep(resp *http.Response) *replay {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return &replay{status: resp.StatusCode, proto: resp.Proto, major: resp.ProtoMajor, minor: resp.ProtoMinor, header: resp.Header.Clone()}
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, replayLimit+1))
+	if err != nil || len(body) > replayLimit {
+		resp.Body = &prefixBody{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), Closer: resp.Body}
+		return nil
+	}
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return &replay{status: resp.StatusCode, proto: resp.Proto, major: resp.ProtoMajor, minor: resp.ProtoMinor, header: resp.Header.Clone(), body: body}
+}
+
+// prefixBody is a body part of which was read ahead: the part, then the
+// rest; closing it closes the original.
+type prefixBody struct {
+	io.Reader
+	io.Closer
+}
+
+// remember keeps c as the end of req's call.
+func (r *resends) remember(req *http.Request, c remembered, now time.Time) {
 	id := idOf(req)
+	c.until = now.Add(resendMemory)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.calls == nil {
@@ -112,7 +188,7 @@ func (r *resends) remember(req *http.Request, err error, now time.Time) {
 	if _, ok := r.calls[id]; !ok {
 		r.order = append(r.order, id)
 	}
-	r.calls[id] = remembered{err: err, until: now.Add(resendMemory)}
+	r.calls[id] = c
 	r.n.Store(int32(len(r.calls)))
 }
 

@@ -178,14 +178,14 @@ func TestResendMemoryIsBounded(t *testing.T) {
 		req, err := http.NewRequest(http.MethodPost, "http://h/p", nil)
 		require.NoError(t, err)
 		req.Header.Set("Idempotency-Key", strings.Repeat("k", 1+i%7)+string(rune('a'+i%26))+time.Duration(i).String())
-		r.remember(req, errA, now)
+		r.remember(req, remembered{err: errA}, now)
 	}
 	assert.LessOrEqual(t, len(r.calls), maxRemembered)
 	assert.Equal(t, len(r.calls), len(r.order))
 	req, err := http.NewRequest(http.MethodPost, "http://h/p", nil)
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", "late")
-	r.remember(req, errA, now.Add(resendMemory))
+	r.remember(req, remembered{err: errA}, now.Add(resendMemory))
 	assert.Len(t, r.calls, 1, "the calls past their time are forgotten")
 	assert.EqualValues(t, 1, r.n.Load())
 }
@@ -262,5 +262,43 @@ func TestRetryOverloadIsNotQuota(t *testing.T) {
 			assert.Empty(t, rec.rateLog(), "nor its rate lowered")
 			assert.Equal(t, 50.0, lim.EffectiveRate(srv.host()).PerSecond())
 		})
+	}
+}
+
+func TestSDKResendOfAFinalResponseIsAnsweredWithIt(t *testing.T) {
+	// stripe-go sends a 429 lock_timeout again, by its body, whatever the
+	// headers say: the resend (its Idempotency-Key) gets the response again.
+	const body = `{"error":{"code":"lock_timeout","type":"invalid_request_error"}}`
+	base := &countingBase{answer: func(req *http.Request) (*http.Response, error) {
+		h := http.Header{"Stripe-Should-Retry": {"true"}, "Content-Type": {"application/json"}}
+		return &http.Response{StatusCode: 429, Header: h, Body: io.NopCloser(strings.NewReader(body)), Request: req}, nil
+	}}
+	tr := mustNewTransport(t, base, WithRetry(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}))
+	post := func(idem string) *http.Response {
+		resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodPost, "http://api.example/v1/charges", "amount=1", "Idempotency-Key", idem))
+		require.NoError(t, err)
+		return resp
+	}
+	first := post("k-1")
+	assert.Equal(t, body, rtyRead(t, first), "the caller reads the body in full")
+	assert.EqualValues(t, 2, base.n.Load(), "egress's attempts")
+	again := post("k-1")
+	assert.Equal(t, 429, again.StatusCode)
+	assert.Equal(t, "false", again.Header.Get("Stripe-Should-Retry"))
+	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
+	assert.Equal(t, body, rtyRead(t, again))
+	assert.EqualValues(t, 2, base.n.Load(), "the resend is not sent")
+
+	long := strings.Repeat("x", replayLimit+1)
+	base.answer = statusAnswerBody(500, long)
+	assert.Equal(t, long, rtyRead(t, post("k-2")), "a body too long to keep reads in full")
+	n := base.n.Load()
+	rtyRead(t, post("k-2"))
+	assert.Equal(t, n+1, base.n.Load(), "and its call is not kept: the resend is sent")
+}
+
+func statusAnswerBody(status int, body string) func(*http.Request) (*http.Response, error) {
+	return func(req *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: status, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body)), Request: req}, nil
 	}
 }

@@ -103,7 +103,12 @@ type RetryPolicy struct {
 	//     with X-Stainless-Retry-Count above 0, or with the same
 	//     Idempotency-Key, to the same method, host and path, with the same
 	//     context deadline), is not sent: the SDK gets the same error at
-	//     once.
+	//     once; and
+	//   - a call with an Idempotency-Key that it ended with an error
+	//     status (stripe-go sends a 429 lock_timeout again by its body,
+	//     whatever the headers say), sent again within 10 s, is answered
+	//     with a copy of that response (its body, up to 16 KiB, is read
+	//     before the response is returned), again without being sent.
 	// So a provider sees at most MaxAttempts attempts of a call, and a
 	// call egress refuses is never sent.
 	SDKRetries bool

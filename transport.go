@@ -381,14 +381,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.resends == nil {
 		return t.roundTrip(req, key)
 	}
-	if err := t.resends.recall(req, t.clock.Now()); err != nil {
-		return nil, t.reject(req, key, err)
+	if resp, err, ok := t.resends.recall(req, t.clock.Now()); ok {
+		if err != nil {
+			return nil, t.reject(req, key, err)
+		}
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return resp, nil
 	}
 	resp, err := t.roundTrip(req, key)
-	if err != nil {
-		t.resends.remember(req, err, t.clock.Now())
-	}
 	markFinal(resp)
+	t.resends.end(req, resp, err, t.clock.Now())
 	return resp, err
 }
 
