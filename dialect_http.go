@@ -58,10 +58,14 @@ func (retryReader) ReadSignal(resp *http.Response, s *Signal) {
 	h := resp.Header
 	switch resp.StatusCode {
 	case http.StatusForbidden, http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		if d, ok := parseRetryAfter(h[hRetryAfter], s.Now, s.parseCap()); ok {
-			s.AddRetryAfter(d)
-		}
+		// retry-after-ms is the same wait as Retry-After, to the
+		// millisecond where Retry-After is rounded up to the second: when
+		// it can be read it is the one read (as openai-go and
+		// anthropic-sdk-go prefer it), so that a provider that asks for
+		// 100 ms is not made to wait a second.
 		if d, ok := millisToWait(h[hRetryAfterMs], s.parseCap()); ok {
+			s.AddRetryAfter(d)
+		} else if d, ok := parseRetryAfter(h[hRetryAfter], s.Now, s.parseCap()); ok {
 			s.AddRetryAfter(d)
 		}
 	}

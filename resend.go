@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"strconv"
@@ -47,12 +48,14 @@ const resendMemory = 10 * time.Second
 const maxRemembered = 4096
 
 // callID names a call across its SDK's attempts: the same method, host,
-// path, Idempotency-Key (empty when none) and context deadline (zero when
-// none). The SDKs resend a call with the same context, so with the same
-// deadline.
+// path and Idempotency-Key (empty when none), and either the same context
+// deadline (zero when none: stripe-go resends a call with its context) or,
+// for the Stainless SDKs, the same body (with WithRequestTimeout they give
+// each attempt a deadline of its own).
 type callID struct {
 	method, host, path, idem string
 	deadline                 time.Time
+	body                     uint64 // FNV-1a of the body, through GetBody; 0 when none
 }
 
 type remembered struct {
@@ -105,13 +108,38 @@ func resent(req *http.Request) bool {
 	return len(req.Header[hIdempotencyKey]) > 0
 }
 
+// idOf returns req's call. It reads the body (a copy, through GetBody) of
+// a Stainless SDK's request: it is called only when a call ends with an
+// error and on a resend.
 func idOf(req *http.Request) callID {
 	id := callID{method: req.Method, host: req.URL.Host, path: req.URL.Path}
 	if v := req.Header[hIdempotencyKey]; len(v) > 0 {
 		id.idem = v[0]
 	}
-	id.deadline, _ = req.Context().Deadline()
+	if _, ok := req.Header[hStainlessRetry]; ok {
+		id.body = bodyHash(req)
+	} else {
+		id.deadline, _ = req.Context().Deadline()
+	}
 	return id
+}
+
+// bodyHash returns the FNV-1a hash of a copy of req's body, or 0 when it
+// has none that can be read again.
+func bodyHash(req *http.Request) uint64 {
+	if req.GetBody == nil {
+		return 0
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return 0
+	}
+	defer body.Close()
+	h := fnv.New64a()
+	if _, err := io.Copy(h, body); err != nil {
+		return 0
+	}
+	return h.Sum64()
 }
 
 // recall returns how the Transport ended req's call — its error, or a copy

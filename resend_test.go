@@ -100,8 +100,9 @@ func TestSDKResendOfARefusalIsNotSent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	const url = "http://api.example/v1/chat/completions"
+	body := `{"max_tokens":10}`
 	call := func(ctx context.Context, attempt string) error {
-		resp, err := tr.RoundTrip(rtyRequest(t, ctx, http.MethodPost, url, `{"max_tokens":10}`, "X-Stainless-Retry-Count", attempt))
+		resp, err := tr.RoundTrip(rtyRequest(t, ctx, http.MethodPost, url, body, "X-Stainless-Retry-Count", attempt))
 		if resp != nil {
 			resp.Body.Close()
 		}
@@ -120,11 +121,16 @@ func TestSDKResendOfARefusalIsNotSent(t *testing.T) {
 	assert.Same(t, first, call(ctx, "2"))
 	assert.EqualValues(t, 1, base.n.Load(), "a refused call never reaches the provider")
 
-	other, cancelOther := context.WithTimeout(context.Background(), 2*time.Hour)
-	defer cancelOther()
-	fresh := call(other, "1")
+	// With option.WithRequestTimeout each attempt has a deadline of its
+	// own: the call is its request.
+	perAttempt, cancelAttempt := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancelAttempt()
+	assert.Same(t, first, call(perAttempt, "1"), "a resend with its own deadline is the same call")
+	body = `{"max_tokens":11}`
+	fresh := call(ctx, "1")
 	assert.ErrorAs(t, fresh, &le)
-	assert.NotSame(t, first, fresh, "another call (another deadline) is decided anew")
+	assert.NotSame(t, first, fresh, "another call (another body) is decided anew")
+	body = `{"max_tokens":10}`
 	assert.NotSame(t, first, call(ctx, "0"), "a first attempt is decided anew")
 
 	fc.Advance(resendMemory)

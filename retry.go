@@ -17,9 +17,10 @@ import (
 // default written beside it.
 //
 // What is retried, and why:
-//   - 429, 503 with Retry-After, and 529 (Anthropic's overloaded_error)
-//     mean the provider did not process the request: retried whatever the
-//     method.
+//   - 429, 503 and 529 (Anthropic's overloaded_error) mean the provider
+//     did not process the request (RFC 9110: a 503 says the server is
+//     unable to handle it): retried whatever the method, as the providers'
+//     own SDKs retry them.
 //   - A 529, or a 503 without Retry-After, is the provider's own overload,
 //     not the caller's quota: its request waits at least a short fixed
 //     pause (1 s) before it goes again, and the key is neither held nor
@@ -100,10 +101,10 @@ type RetryPolicy struct {
 	//     with which providers tell their SDKs not to retry; and
 	//   - a call it ended with an error (a refusal, or a network error it
 	//     would not retry), sent again within 10 s by an SDK (a request
-	//     with X-Stainless-Retry-Count above 0, or with the same
-	//     Idempotency-Key, to the same method, host and path, with the same
-	//     context deadline), is not sent: the SDK gets the same error at
-	//     once; and
+	//     with X-Stainless-Retry-Count above 0 and the same body, or with
+	//     the same Idempotency-Key and context deadline, to the same
+	//     method, host and path), is not sent: the SDK gets the same error
+	//     at once; and
 	//   - a call with an Idempotency-Key that it ended with an error
 	//     status (stripe-go sends a 429 lock_timeout again by its body,
 	//     whatever the headers say), sent again within 10 s, is answered
@@ -268,7 +269,7 @@ func (p *RetryPolicy) worthRetry(req *http.Request, resp *http.Response, err err
 	case !slices.Contains(p.RetryableStatuses, resp.StatusCode):
 		return false
 	case resp.StatusCode == http.StatusTooManyRequests,
-		resp.StatusCode == http.StatusServiceUnavailable && s.HasRetryAfter,
+		resp.StatusCode == http.StatusServiceUnavailable,
 		resp.StatusCode == statusOverloaded:
 		return true // not processed: safe for any method
 	}

@@ -297,7 +297,8 @@ func TestRetryWhatIsRetried(t *testing.T) {
 		{"GET 500 is not a retryable status", http.MethodGet, nil, rtyA(500), 1, 500},
 		{"GET 404 is not retried", http.MethodGet, nil, rtyA(404), 1, 404},
 		{"GET 200 is not retried", http.MethodGet, nil, rtyA(200), 1, 200},
-		{"POST 503 without Retry-After is not retried", http.MethodPost, nil, rtyA(503), 1, 503},
+		{"POST 503 without Retry-After is retried: overload, not processed", http.MethodPost, nil, rtyA(503), 2, 200},
+		{"POST 529 is retried: overload, not processed", http.MethodPost, nil, rtyA(529), 2, 200},
 		{"POST 502 is not retried", http.MethodPost, nil, rtyA(502), 1, 502},
 		{"PATCH 504 is not retried", http.MethodPatch, nil, rtyA(504), 1, 504},
 		{"POST 429 is retried", http.MethodPost, nil, rtyA(429), 2, 200},
@@ -305,7 +306,7 @@ func TestRetryWhatIsRetried(t *testing.T) {
 		{"POST 503 with Retry-After is retried", http.MethodPost, nil, rtyA(503, "Retry-After", "0"), 2, 200},
 		{"POST 503 with a past HTTP-date Retry-After is retried", http.MethodPost, nil,
 			rtyA(503, "Retry-After", "Sun, 06 Nov 1994 08:49:37 GMT"), 2, 200},
-		{"POST 503 with an unusable Retry-After is not retried", http.MethodPost, nil, rtyA(503, "Retry-After", "soon"), 1, 503},
+		{"POST 503 with an unusable Retry-After is retried as overload", http.MethodPost, nil, rtyA(503, "Retry-After", "soon"), 2, 200},
 		{"POST 503 with Idempotency-Key is retried", http.MethodPost, []string{"Idempotency-Key", "k-1"}, rtyA(503), 2, 200},
 		{"PATCH 502 with Idempotency-Key is retried", http.MethodPatch, []string{"Idempotency-Key", "k-2"}, rtyA(502), 2, 200},
 	}
@@ -529,10 +530,10 @@ func TestRetryClassify(t *testing.T) {
 			wantSent: 3, wantStatus: 400, wantCalls: []call{{400, false}, {400, false}, {400, false}},
 		},
 		{
-			name: "RetryDefault keeps the rules: a POST 503 is not retried", method: http.MethodPost,
-			answers:  []rtyAnswer{rtyA(503), rtyA(200)},
+			name: "RetryDefault keeps the rules: a POST 502 is not retried", method: http.MethodPost,
+			answers:  []rtyAnswer{rtyA(502), rtyA(200)},
 			decide:   func(*http.Response, error) RetryDecision { return RetryDefault },
-			wantSent: 1, wantStatus: 503, wantCalls: []call{{503, false}},
+			wantSent: 1, wantStatus: 502, wantCalls: []call{{502, false}},
 		},
 		{
 			name: "RetryDefault keeps the rules: a GET 503 is retried", method: http.MethodGet,
