@@ -352,8 +352,8 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 }
 
 // The defaults of WithMaxPause and WithMaxQuotaHold. The pause cap is two
-// minutes, the longest wait openai-python honours in-line: a provider
-// that asks for 90 s is not sent to again after 60.
+// minutes, the longest wait openai-python honours in-line, so that a
+// provider that asks for 90 s is not sent to 30 s early.
 const (
 	defaultMaxPause     = 2 * time.Minute
 	defaultMaxQuotaHold = 24 * time.Hour
