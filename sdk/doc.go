@@ -1,7 +1,8 @@
 // Package sdk shows egress under the providers' official Go SDKs, as most
 // calls to them are made: openai-go (github.com/openai/openai-go/v3),
-// anthropic-sdk-go (github.com/anthropics/anthropic-sdk-go/v2) and
-// stripe-go (github.com/stripe/stripe-go/v82), each configured the way a
+// anthropic-sdk-go (github.com/anthropics/anthropic-sdk-go/v2),
+// stripe-go (github.com/stripe/stripe-go/v82) and go-github
+// (github.com/google/go-github/v75), each configured the way a
 // user configures it, with an *http.Client whose Transport is an
 // egress.Transport, against the fake providers of egress's own tests
 // (internal/fakellm, internal/fakeapi) served over HTTP on 127.0.0.1.
