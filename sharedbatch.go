@@ -2,11 +2,15 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Coalescing: concurrent waiters of one key in one process share a script
@@ -34,6 +38,42 @@ type batchLane struct {
 	called  time.Time     // when the last call returned
 	turns   []heldTurn    // pacer: the turns this process holds, in order; those past are dropped lazily
 	paused  time.Time     // the end of the key's hold, as the last reply said (a spent budget's is not told)
+	born    time.Time     // when the process first asked for the key's turns (see startMargin)
+}
+
+// startMargin: for startWindow after a process first asks for a key's
+// turns, its calls give the fleet's bucket startTransit more of margin
+// (see jitterMargin): the first requests of a process open its
+// connections to the provider, and reach it tens of milliseconds after
+// their turns (28 to 48 ms, with 64 instances starting on two cores),
+// beside requests whose turns came later and went at once. The provider's
+// bucket, full before the first of them arrives, does not count the time
+// between, which the fleet's bucket gave as burst: the first second of 64
+// instances met a refusal in one run of two, and its hold (the
+// provider's Retry-After, a second) took a tenth of the run.
+const (
+	startWindow  = time.Second
+	startTransit = 30 * time.Millisecond
+	startFleet   = 32
+)
+
+// usableAt returns the usable burst of a call on key id at now (see
+// startMargin). The margin grows with the fleet counted, to its whole at
+// startFleet instances and more: the late first requests are those of
+// instances starting together (a machine's or a deployment's), and a
+// few instances' are as late as the transit margin allows. The caller
+// holds mu.
+func (s *shared) usableAt(id string, now time.Time) float64 {
+	l, ok := s.lanes.m[id]
+	if s.burst == 0 || !ok || now.Sub(l.born) >= startWindow {
+		return s.usable
+	}
+	f := min(1, float64(s.live.Load()-1)/startFleet)
+	if f <= 0 {
+		return s.usable
+	}
+	d := time.Duration(f * float64(startTransit))
+	return max(min(s.usable, 1), s.usable-jitterMargin(s.rate, s.burst, d))
 }
 
 // queueFull reports whether a request of cost would find the pacer's
@@ -136,7 +176,7 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 	s.mu.Lock()
 	l, ok := s.lanes.get(id, now)
 	if !ok {
-		l = &batchLane{}
+		l = &batchLane{born: now}
 		s.lanes.put(id, l)
 	}
 	// No turn comes before the last one this process holds: a request that
@@ -299,10 +339,18 @@ func (s *shared) lead(id string, l *batchLane) {
 // saw it.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Duration, error) {
 	args := make([]any, 0, 18+2*len(batch))
-	args = append(args, s.rate.PerSecond(), s.usable, s.depth)
-	args = s.learnArgs(args)
 	now := s.clock.Now()
 	s.mu.Lock()
+	// A process's first call on a key is waited for up to maxCommandWait:
+	// the first requests of a process meet its busiest moment (its
+	// connections opened, its scripts loaded, every instance of a fleet
+	// started at once doing the same: with 256 in one process, the first
+	// calls took 150 ms and more, and 38 to 146 of them went to the
+	// fallback).
+	ln, ok := s.lanes.m[id]
+	first := ok && ln.called.IsZero()
+	args = append(args, s.rate.PerSecond(), s.usableAt(id, now), s.depth)
+	args = s.learnArgs(args)
 	var rep *budgetReport
 	if l, ok := s.learnt.m[id]; ok {
 		rep, l.report = l.report, nil
@@ -323,8 +371,17 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 	}
 	s.roundTrips.Add(1)
 	var reply any
-	err := s.do(context.Background(), func(ctx context.Context) error {
+	beat := s.beatDue()
+	wait := s.commandTimeout(time.Now())
+	if first {
+		wait = max(wait, maxCommandWait)
+	}
+	err := s.doWithin(context.Background(), wait, func(ctx context.Context) error {
 		var err error
+		if beat {
+			reply, err = s.reserveBeating(ctx, id, args)
+			return err
+		}
 		reply, err = s.reserveScript.Run(ctx, s.rdb, s.redisKeys(id), args...).Result()
 		return err
 	})
@@ -350,6 +407,25 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 		}
 	}
 	return results, paused, nil
+}
+
+// reserveBeating runs the reservation script with a heartbeat beside it,
+// in one pipeline: one round trip (see idleBeat). Scripts Redis does not
+// know yet (NOSCRIPT: a new or flushed server) are loaded by running the
+// reservation alone; the heartbeat is then left to the next one. A failed
+// heartbeat changes nothing: the reservation's result decides.
+func (s *shared) reserveBeating(ctx context.Context, id string, args []any) (any, error) {
+	pipe := s.rdb.Pipeline()
+	rc := s.reserveScript.EvalSha(ctx, pipe, s.redisKeys(id), args...)
+	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1)
+	_, _ = pipe.Exec(ctx)
+	if n, err := hc.Int64(); err == nil {
+		s.beaten(n)
+	}
+	if err := rc.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return s.reserveScript.Run(ctx, s.rdb, s.redisKeys(id), args...).Result()
+	}
+	return rc.Result()
 }
 
 // parseReserve checks and reads the script's reply: the pause left, the
@@ -418,11 +494,91 @@ func parseRate(v any) (float64, bool) {
 	return r, err == nil && r > 0 && !math.IsInf(r, 0)
 }
 
-// do runs f with the command timeout. It returns when the timeout passes
-// even if f does not (a client without ContextTimeoutEnabled may block until
-// its own read timeout): the limiter must not hang with Redis.
+// do runs f with the command timeout, or patience times it (see
+// commandTimeout), and notes a reply. It returns when the time passes
+// even if f does not (a client without ContextTimeoutEnabled may block
+// until its own read timeout): the limiter must not hang with Redis.
 func (s *shared) do(ctx context.Context, f func(context.Context) error) error {
-	return withTimeout(ctx, s.cfg.timeout, f)
+	return s.doWithin(ctx, s.commandTimeout(time.Now()), f)
+}
+
+// doWithin is do with the time d.
+func (s *shared) doWithin(ctx context.Context, d time.Duration, f func(context.Context) error) error {
+	sent := time.Now()
+	err := withTimeout(ctx, d, f)
+	var rerr redis.Error
+	if err == nil || errors.As(err, &rerr) {
+		now := time.Now()
+		s.answered.Store(now.UnixNano())
+		s.rtt.observe(now.Sub(sent))
+	}
+	return err
+}
+
+// rttEstimate is the smoothed round trip of the limiter's commands and its
+// variation, as TCP keeps them (RFC 6298): on a machine where the
+// instances' goroutines wait for a core, the round trips seen from the
+// process are the scheduler's delay as much as Redis's, and a timeout
+// below them takes a busy machine for a Redis that is down. Safe for
+// concurrent use.
+type rttEstimate struct {
+	mu           sync.Mutex
+	srtt, rttvar time.Duration // guarded by mu; zero before the first sample
+}
+
+func (e *rttEstimate) observe(d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.srtt == 0 {
+		e.srtt, e.rttvar = d, d/2
+		return
+	}
+	diff := e.srtt - d
+	if diff < 0 {
+		diff = -diff
+	}
+	e.rttvar = (3*e.rttvar + diff) / 4
+	e.srtt = (7*e.srtt + d) / 8
+}
+
+// timeout returns srtt + 4·rttvar, 0 before the first sample.
+func (e *rttEstimate) timeout() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.srtt + 4*e.rttvar
+}
+
+// patience is how many times the command timeout a command is waited for
+// while Redis is known to answer: it answered this limiter within
+// answeredRecently, or has not been asked yet (the first commands of a
+// client dial, say hello and load the scripts). A machine busy with
+// hundreds of instances (the fleet benchmark's 256 in one process on two
+// cores) answers in 50 to 150 ms at times; each answer taken for an outage
+// sent a request to the fallback, whose turn the fleet's bucket had also
+// given, and the first second of 64 instances met 30 to 60 refusals
+// that taught the fleet a lower limit. A Redis that stops answering is
+// still given up after the command timeout once it has been silent for
+// answeredRecently, and after patience times it before.
+//
+// The timeout is also never below the round trips seen lately (see
+// rttEstimate), up to maxCommandWait: with 256 instances starting on two
+// cores, commands took 150 ms and more for a second, and the patience
+// alone still sent 159 requests to the fallback.
+const (
+	patience         = 3
+	answeredRecently = time.Second
+	maxCommandWait   = time.Second
+)
+
+// commandTimeout returns the time a command sent at now (the wall clock's)
+// is waited for.
+func (s *shared) commandTimeout(now time.Time) time.Duration {
+	d := max(s.cfg.timeout, min(s.rtt.timeout(), maxCommandWait))
+	last := s.answered.Load()
+	if last == 0 || now.Sub(time.Unix(0, last)) <= answeredRecently {
+		d = max(patience*s.cfg.timeout, min(patience*d, maxCommandWait))
+	}
+	return d
 }
 
 // withTimeout runs f with a context that ends after d, and returns when it

@@ -8,5 +8,16 @@
 //
 // It takes about three minutes and is skipped under -short. With
 // EGRESS_FLEET_OUT=path the tables are also written to path, as markdown.
+//
+// TestFleetSize runs fleets of 4 × 8, 64 × 1 and 256 × 1 instances ×
+// workers, egress's shared limiters beside redis_rate, and reports the
+// share of the rate, 429s, the most requests sent in a second against
+// R + B, p50 and p99 against the FIFO ideal, and Redis round trips per
+// success (a hook counts every command and pipeline of the pods' clients):
+//
+//	cd bench && go test -run TestFleetSize -v ./fleet/ -count=1
+//	cd bench && EGRESS_FLEETSIZE_ONLY=64x1 go test -run 'TestFleetSize/64x1/egress_SharedTokenBucket' -v ./fleet/ -count=1
+//
+// It runs only when named in -run or with EGRESS_FLEETSIZE=1.
 // Everything is in _test.go files.
 package fleet

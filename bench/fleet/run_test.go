@@ -77,6 +77,9 @@ type outcome struct {
 	// At the pods' connection pools: every attempt's answer.
 	limited          int // 429s received (and 403s, where the provider refuses with them)
 	maxLimitedPerSec int // most 429s received in any 1 s window
+	maxSentPerSec    int // most attempts sent by the fleet in any 1 s window
+	sentPerSec       []int
+	sentAt           []time.Time // when each attempt left a pod
 
 	acceptedPerSec, limitedPerSec []int // in each whole second from the start
 
@@ -160,7 +163,9 @@ func run(t *testing.T, sc scenario) outcome {
 
 	st := api.Stats(start)
 	limited := rec.limitedTimes()
+	sent := rec.sentTimes()
 	o := outcome{
+		maxSentPerSec: fakeapi.MaxInWindow(sent, time.Second), sentPerSec: fakeapi.PerWindow(sent, start, time.Second), sentAt: sent,
 		elapsed: elapsed, accepted: st.Accepted, upstream: st.Requests, maxPerSecond: st.MaxPerSecond,
 		limited: len(limited), maxLimitedPerSec: fakeapi.MaxInWindow(limited, time.Second),
 		acceptedPerSec: st.PerSecond, limitedPerSec: fakeapi.PerWindow(limited, start, time.Second),
@@ -312,6 +317,7 @@ type probeRecord struct {
 
 	mu      sync.Mutex
 	limited []time.Time // guarded by mu
+	sent    []time.Time // guarded by mu; when each attempt left a pod
 }
 
 // pool returns a new pod's own connection pool, seen through the probe.
@@ -330,7 +336,16 @@ type probe struct {
 	rec  *probeRecord
 }
 
+func (r *probeRecord) sentTimes() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sent)
+}
+
 func (p probe) RoundTrip(req *http.Request) (*http.Response, error) {
+	p.rec.mu.Lock()
+	p.rec.sent = append(p.rec.sent, time.Now())
+	p.rec.mu.Unlock()
 	resp, err := p.base.RoundTrip(req)
 	// A 403 is a refusal in the dialects that refuse with it (GitHub's
 	// exhausted primary limit); the provider answers nothing else with it.

@@ -1,0 +1,282 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-go/egress/internal/redistest"
+)
+
+// The causes the fleet-size scenario (bench/fleet, TestFleetSize) found at
+// 64 and 256 instances, one test each.
+
+// deadRedis is a client of a port nothing listens on.
+func deadRedis(t *testing.T) redis.UniversalClient {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// TestSharedCommandTimeoutPatience: a command is waited for patience times
+// the timeout while Redis is known to answer (never asked yet, or answered
+// within answeredRecently), the timeout alone once it has been silent; and
+// never less than the round trips seen lately.
+func TestSharedCommandTimeoutPatience(t *testing.T) {
+	s, err := newShared("t", deadRedis(t), "n", PerSecond(100), []SharedOption{WithCommandTimeout(50 * time.Millisecond)})
+	require.NoError(t, err)
+	t0 := time.Unix(1_700_000_000, 0)
+	steps := []struct {
+		answered time.Time // zero: never
+		now      time.Time
+		want     time.Duration
+	}{
+		{time.Time{}, t0, 150 * time.Millisecond},
+		{t0, t0.Add(10 * time.Millisecond), 150 * time.Millisecond},
+		{t0, t0.Add(answeredRecently), 150 * time.Millisecond},
+		{t0, t0.Add(answeredRecently + time.Millisecond), 50 * time.Millisecond},
+	}
+	for i, st := range steps {
+		s.answered.Store(0)
+		if !st.answered.IsZero() {
+			s.answered.Store(st.answered.UnixNano())
+		}
+		assert.Equal(t, st.want, s.commandTimeout(st.now), "step %d", i)
+	}
+	// Round trips of 200 ms (a busy machine): srtt 200 ms, rttvar 100 ms.
+	s.rtt.observe(200 * time.Millisecond)
+	s.answered.Store(t0.UnixNano())
+	assert.Equal(t, 600*time.Millisecond, s.commandTimeout(t0.Add(2*answeredRecently)), "srtt + 4·rttvar")
+	assert.Equal(t, maxCommandWait, s.commandTimeout(t0), "patience times that, at most maxCommandWait")
+}
+
+// TestSharedSlowAnswerIsNotAnOutage: a Redis that answers a little later
+// than the command timeout, right after it answered in time (a machine
+// busy with many instances), serves the request: no fallback. Before,
+// each slow answer sent a request to the fallback (124 switches in the
+// first second of 64 instances), whose whole burst drew refusals.
+func TestSharedSlowAnswerIsNotAnOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ev := &fallbackEvents{}
+	const timeout = 50 * time.Millisecond
+	l := newSharedTB(t, srv.Client(t), "slowish", PerSecond(1000), 10, WithCommandTimeout(timeout), WithFallbackObserver(ev.hook))
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		_, err := l.Wait(ctx, "k", 1, 0)
+		return err == nil && !l.Stats().Fallback
+	}, 3*time.Second, 10*time.Millisecond)
+	before := len(ev.get())
+	rt := l.Stats().RoundTrips
+
+	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "90", "ALL").Err()) // answers 90 ms late
+	start := time.Now()
+	_, err := l.Wait(ctx, "k", 1, 0)
+	require.NoError(t, err)
+	t.Logf("the Wait took %v", time.Since(start).Round(time.Millisecond))
+	assert.False(t, l.Stats().Fallback, "a late answer is not an outage")
+	assert.Empty(t, ev.get()[before:], "no switch to the fallback")
+	assert.Greater(t, l.Stats().RoundTrips, rt, "served by Redis")
+}
+
+// TestSharedFallbackShareOfBurst: the fallbacks of a fleet of N instances
+// at R/N each send at once no more than the burst between them (a share
+// each, not a burst each), and still grant a cost of the whole burst.
+func TestSharedFallbackShareOfBurst(t *testing.T) {
+	const rate, burst = 200.0, 20
+	for _, n := range []int{1, 4, 64, 256} {
+		l, err := NewSharedTokenBucket(deadRedis(t), "share", PerSecond(rate), burst)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		share := PerSecond(rate / float64(n))
+		fb := l.local(share)
+		now := 0
+		for range burst + 1 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			_, err := fb.Wait(ctx, "k", 1, time.Millisecond)
+			cancel()
+			if err != nil {
+				break
+			}
+			now++
+		}
+		// Every instance alike: the fleet sends n times this at once.
+		assert.LessOrEqual(t, n*now, burst, "%d instances: %d each at once", n, now)
+		if n == 1 {
+			assert.GreaterOrEqual(t, now, burst-1, "alone: the whole burst, less the jitter margin")
+		}
+	}
+	t.Run("a cost of the whole burst is still granted", func(t *testing.T) {
+		l, err := NewSharedTokenBucket(deadRedis(t), "costly", PerSecond(rate), burst)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		fb := l.local(PerSecond(rate / 4)) // 50/s: the reserve of 15 units is 0.3 s
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		w, err := fb.Wait(ctx, "k", burst, 0)
+		require.NoError(t, err)
+		assert.InDelta(t, 0.3, w.Seconds(), 0.1, "waits for the share's reserve")
+	})
+}
+
+// TestFallbackPhase: fallbacks entered together spread their first turns
+// over one unit at the share; a fallback at the whole rate starts at once.
+func TestFallbackPhase(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	whole := PerSecond(200)
+	share := PerSecond(200.0 / 256) // a unit is 1.28 s
+	assert.Equal(t, t0, phase(t0, whole, whole, 0.7))
+	assert.Equal(t, t0, phase(t0, share, whole, 0))
+	assert.Equal(t, t0.Add(640*time.Millisecond), phase(t0, share, whole, 0.5))
+	// 256 instances whose draws spread evenly: at most R·1 s + 1 first
+	// turns in any second (the unit is longer than a second).
+	var firsts []time.Time
+	for i := range 256 {
+		firsts = append(firsts, phase(t0, share, whole, float64(i)/256))
+	}
+	most := 0
+	for i := range firsts {
+		n := 0
+		for _, f := range firsts[i:] {
+			if f.Sub(firsts[i]) < time.Second {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	assert.LessOrEqual(t, most, 201)
+}
+
+// TestSharedStartMargin: a process's calls on a key give the fleet's
+// bucket up to startTransit more of margin in its first startWindow on
+// the key, the whole of it in a fleet of startFleet instances or more.
+func TestSharedStartMargin(t *testing.T) {
+	l, err := NewSharedTokenBucket(deadRedis(t), "start", PerSecond(100), 10)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	t0 := time.Unix(1_700_000_000, 0)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	assert.Equal(t, l.usable, l.usableAt("id", t0), "no lane: the usable burst")
+	l.lanes.put("id", &batchLane{born: t0})
+	steps := []struct {
+		live int64
+		at   time.Duration
+		want float64
+	}{
+		{1, 10 * time.Millisecond, 9.5},               // alone: the transit margin only
+		{17, 10 * time.Millisecond, 9.5 - 1.5},        // half of startFleet: half of 30 ms at 100/s
+		{64, 10 * time.Millisecond, 9.5 - 3},          // 30 ms at 100/s
+		{256, startWindow - time.Nanosecond, 9.5 - 3}, // still the first second
+		{256, startWindow, 9.5},                       // after it
+	}
+	for i, st := range steps {
+		l.live.Store(st.live)
+		assert.InDelta(t, st.want, l.usableAt("id", t0.Add(st.at)), 1e-9, "step %d: %+v", i, st)
+	}
+}
+
+// cmdCounter counts the commands and pipelines a client sends.
+type cmdCounter struct {
+	mu    sync.Mutex
+	beats int // heartbeats sent alone
+	pipes int
+}
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && fmt.Sprint(args[2]) == "1" {
+			if k, _ := args[3].(string); len(k) > 8 && k[len(k)-8:] == ":members" {
+				c.mu.Lock()
+				c.beats++
+				c.mu.Unlock()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		c.pipes++
+		c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// newBeating returns a shared token bucket of burst 1 at 50/s named
+// "beats" whose heartbeat period is hb.
+func newBeating(t *testing.T, rdb redis.UniversalClient, hb time.Duration) *shared {
+	s, err := newShared("t", rdb, "beats", PerSecond(50), []SharedOption{WithCommandTimeout(roomyTimeout)})
+	require.NoError(t, err)
+	s.cfg.heartbeat = hb
+	s.shape, s.burst, s.capacity, s.depth, s.usable = "tb", 1, 1, -1, 1
+	s.local = func(share Rate) Limiter { return s.fallbackBucket(share) }
+	s.start()
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestSharedBeatsRideOnReservations: a busy instance's heartbeats go in
+// the round trips of its reservations, and it still counts as live; an
+// idle one beats alone every idleBeat periods.
+func TestSharedBeatsRideOnReservations(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	cc := &cmdCounter{}
+	rdb.AddHook(cc)
+	const hb = 200 * time.Millisecond
+	s := newBeating(t, rdb, hb)
+	newBeating(t, srv.Client(t), hb) // another instance, idle
+	ctx := context.Background()
+
+	start := time.Now()
+	for time.Since(start) < 10*hb {
+		_, err := s.Wait(ctx, "k", 1, 0) // 50/s: a reservation every 20 ms
+		require.NoError(t, err)
+	}
+	cc.mu.Lock()
+	busyBeats, pipes := cc.beats, cc.pipes
+	cc.mu.Unlock()
+	t.Logf("busy for %v: %d heartbeats alone, %d pipelines", 10*hb, busyBeats, pipes)
+	assert.LessOrEqual(t, busyBeats, 2, "the start's beat, and a reload of the script at most")
+	assert.GreaterOrEqual(t, pipes, 8, "a beat rides on a reservation every half period or so")
+	assert.Equal(t, 2, s.Stats().LiveInstances, "still counted")
+
+	time.Sleep(10 * hb)
+	cc.mu.Lock()
+	idleBeats := cc.beats - busyBeats
+	cc.mu.Unlock()
+	t.Logf("idle for %v: %d heartbeats", 10*hb, idleBeats)
+	assert.InDelta(t, 10/idleBeat, idleBeats, 2, "idle: one every idleBeat periods")
+	assert.Equal(t, 2, s.Stats().LiveInstances, "still counted")
+}
+
+// TestSharedFirstCallPatience: a process's first call on a key is waited
+// for up to maxCommandWait: a Redis that answers it 250 ms late (a fleet
+// starting at once on a busy machine) serves it, where a later call's
+// patience (three times the timeout) would have sent it to the fallback.
+func TestSharedFirstCallPatience(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ev := &fallbackEvents{}
+	l := newSharedTB(t, srv.Client(t), "first", PerSecond(100), 10, WithCommandTimeout(50*time.Millisecond), WithFallbackObserver(ev.hook))
+	require.Eventually(t, func() bool { return l.Stats().LiveInstances == 1 && l.answered.Load() != 0 }, 3*time.Second, 5*time.Millisecond,
+		"the first heartbeat answered")
+	ctx := context.Background()
+	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "250", "ALL").Err())
+	start := time.Now()
+	_, err := l.Wait(ctx, "fresh", 1, 0)
+	require.NoError(t, err)
+	t.Logf("the first Wait took %v", time.Since(start).Round(time.Millisecond))
+	assert.False(t, l.Stats().Fallback)
+	assert.Empty(t, ev.get(), "no switch to the fallback")
+	assert.Equal(t, int64(1), l.Stats().Admitted, "served by Redis")
+}
