@@ -132,6 +132,7 @@ type ctlState struct {
 	roomRate        float64       // the rate it was sent at then (see roomy)
 	sent            sendPace      // when the key's last requests went (see roomy)
 	drain           drainMark     // the first count of a bucket below full (see drainMark)
+	bucketWait      time.Time     // the end of the latest Retry-After a refusal from a bucket stated (see bucketHold)
 }
 
 // rate returns the key's rate at now: the configured one, lowered to the
@@ -294,7 +295,11 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			if st.triesBack(s.SentAt) && s.SentAt.Before(st.back.Add(sustained)) {
 				st.backOff(now)
 			} else {
-				st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor))
+				var b bounds
+				if hasQ && st.shape == shapeBucket {
+					b.lo, b.hi, b.ok = bucketBounds(q)
+				}
+				st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor), b)
 			}
 		}
 	}
@@ -394,8 +399,9 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 
 // holdUntil returns until when an exhausted quota holds the key: a window
 // until its reset (or the Retry-After, if later); a bucket until its next
-// unit (the request that got a throttle waits its own Retry-After, through
-// NotBefore); a shape not yet known for the Retry-After, or briefly
+// unit, or its Retry-After when a unit is known to fall short (see
+// bucketHold; the request that got a throttle waits its own Retry-After,
+// through NotBefore); a shape not yet known for the Retry-After, or briefly
 // (probeHold) when there is none, so that the next request tells; a
 // throttle with no count at all for its Retry-After, or one unit. rate is
 // the key's rate in units per second.
@@ -426,7 +432,7 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		if !s.throttled() {
 			return now // a success: the limiter's own pacing is the wait (see drain)
 		}
-		return now.Add(min(reset, time.Duration(float64(time.Second)/rate)))
+		return st.bucketHold(s, q, rate, st.advertised > 0 && now.Before(st.advertisedUntil))
 	}
 	// Not known yet: hold briefly, so that the next request (one: the
 	// budget's probe) tells; a throttle's own Retry-After holds the key all
@@ -435,6 +441,39 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		st.budget = 1
 	}
 	return now.Add(max(s.RetryAfter, probeFor(reset, rate)))
+}
+
+// bucketHold returns until when a refusal s from a bucket (its quota q,
+// with a reset) holds the key at rate units per second: a unit at the
+// rate, as a bucket that refills continuously has its next unit by then;
+// until the refusal's Retry-After when that unit is known to fall short —
+// the key was sent faster than the report says the bucket can refill at
+// all (above its upper bound, see bucketBounds; unless a limit advertised
+// or measured is believed, which the key's rate keeps to), or the request
+// was sent before an earlier refusal's Retry-After ended: the bucket said
+// nothing would come back before then. Such a bucket refills in steps (Anthropic's
+// small buckets: every second, or every quarter second), or far slower
+// than the key: each request a unit apart until the next step is refused
+// too, and each lowered the rate once more. The Retry-After holds no longer
+// than the bucket's reset less its resolution, the soonest it may be full
+// again, after which its refill would be lost (a bucket full again within
+// the resolution, whose whole-second Retry-After says nothing of its unit,
+// is held for the unit only); a Retry-After rounded up to the second costs
+// no more than the rest of that second, which the bucket keeps.
+func (st *ctlState) bucketHold(s *Signal, q Quota, rate float64, believed bool) time.Time {
+	now := s.Now
+	hold := now.Add(min(q.Reset, time.Duration(float64(time.Second)/rate)))
+	sent, said := s.SentAt, st.bucketWait
+	if sent.IsZero() {
+		sent = now
+	}
+	if s.HasRetryAfter {
+		st.bucketWait = maxTime(st.bucketWait, now.Add(s.RetryAfter))
+	}
+	if _, hi, ok := bucketBounds(q); sent.Before(said) || (ok && !believed && rate > hi) {
+		hold = maxTime(hold, now.Add(min(s.RetryAfter, q.Reset-resetResolution(q.Reset))))
+	}
+	return hold
 }
 
 // unsaid is how long a throttle without a Retry-After holds a key at rate
@@ -534,11 +573,14 @@ func (st *ctlState) spend(now, turn time.Time, cost int, rate float64) bool {
 // beta twice after a bare throttle early in the climb that asked for a wait,
 // see early); and the climb back aims at that limit, or without an estimate
 // at w (CUBIC's fast convergence when it is below the last aim, RFC 8312
-// §4.6), aimUnder under it unless the key is a bucket. bare: the throttle
-// carried no count at all; waits: it asked for a wait (Retry-After) longer
-// than a unit at the floor rate, the hold of a throttle that says nothing
-// (see unsaid).
-func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, waits bool) {
+// §4.6), aimUnder under it unless the key is a bucket. A bucket's refused
+// report (b: see bucketBounds) that puts its refill under that aim moves
+// the aim, and the start when it is above, to the least the bucket surely
+// refills: from ten times a small bucket's rate, each decrease by beta took
+// a refusal of its own. bare: the throttle carried no count at all; waits:
+// it asked for a wait (Retry-After) longer than a unit at the floor rate,
+// the hold of a throttle that says nothing (see unsaid).
+func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, waits bool, b bounds) {
 	wmax, w0 := w, cfg.beta*w
 	deepest := cfg.beta * cfg.beta * w // the lowest one decrease goes
 	if est, ok := st.meter.estimate(now, w); ok && est < w {
@@ -572,6 +614,17 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, w
 			wmax = max(nearAim*w, w0)
 		}
 	}
+	if b.ok && b.hi < wmax {
+		// The refused report says the bucket refills no faster than b.hi,
+		// under the aim: the climb starts again from the least it surely
+		// refills, b.lo, and grows beyond it as CUBIC does, steered by the
+		// counts (see roomy and counted).
+		wmax = b.hi
+		if b.lo > 0 {
+			wmax = b.lo
+		}
+		w0 = min(w0, wmax)
+	}
 	st.wmax, st.w0 = wmax, max(w0, cfg.floor)
 	st.decreased = now
 	st.climb = maxTime(now, st.hold)
@@ -580,6 +633,13 @@ func (st *ctlState) decrease(cfg *learnConfig, now time.Time, w float64, bare, w
 		st.plateau = plateauFor(st.climb.Sub(now), st.w0, st.wmax, cfg.c)
 		st.aimBack(now, w, st.climb.Sub(now))
 	}
+}
+
+// bounds are the bounds a bucket's report puts on its refill rate (see
+// bucketBounds); ok false for none.
+type bounds struct {
+	lo, hi float64
+	ok     bool
 }
 
 // aimBack schedules, after a decrease from w by a throttle without counts

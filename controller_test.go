@@ -640,6 +640,58 @@ func ctlTables() []ctlTable {
 			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
 			wants: []want{{}},
 		},
+		func() ctlTable {
+			// Anthropic's small bucket, 50 requests refilled 20 a second in
+			// steps, its reset a date (to the second: +7µs), called at 100/s.
+			// Its count on the refusal bounds its refill between
+			// 49/(2.49+1) = 14.04 and 50/(2.49-1) = 33.6 a second: the key,
+			// sent at 100/s, was far above, and a unit at its rate would end
+			// long before the next step. It is held until the Retry-After and
+			// resumes at 14.04, not 70; a refusal of a request sent before
+			// that Retry-After's end (here, before the first refusal was
+			// heard) holds it until its own.
+			small := func(x sig, reset time.Duration) sig {
+				x.remaining, x.reset, x.quota, x.kind = 0, reset+7*time.Microsecond, 50, ResetKindBucket
+				return x
+			}
+			return ctlTable{
+				name: "a small bucket refilled in steps, its reset to the second: held until the Retry-After, resuming within its count's bounds",
+				steps: []sig{
+					small(ok(0, 0), 2500*ms),
+					small(throttle(10*ms, 5*ms, s), 2490*ms),
+					small(throttle(12*ms, 8*ms, s), 2488*ms),
+				},
+				wants: []want{
+					{shape: shapeBucket, drain: true},
+					{shape: shapeBucket, hold: 1010 * ms, notBefore: 1010 * ms, rate: 14.04, why: "throttled"},
+					{shape: shapeBucket, hold: 1012 * ms, notBefore: 1012 * ms, rate: 14.04},
+				},
+			}
+		}(),
+		func() ctlTable {
+			// A bucket of 50 full again in 1.2 s (to the second): at 100/s
+			// the key is under what its count allows (50/0.2 a second), and
+			// a refusal holds one unit. The next request, sent after that
+			// unit and before the refusal's Retry-After ended, is refused
+			// too: the bucket refills in steps, and the key is held until
+			// the Retry-After, at most until the reset less its resolution
+			// (30 ms + 170 ms), the soonest the bucket may be full.
+			coarse := func(x sig, reset time.Duration) sig {
+				x.remaining, x.reset, x.quota, x.kind = 0, reset+7*time.Microsecond, 50, ResetKindBucket
+				return x
+			}
+			return ctlTable{
+				name: "a bucket refusal sent within an earlier refusal's Retry-After holds the key until its own, at most the reset less its resolution",
+				steps: []sig{
+					coarse(throttle(0, 0, s), 1200*ms),
+					coarse(throttle(30*ms, 20*ms, s), 1170*ms),
+				},
+				wants: []want{
+					{shape: shapeBucket, hold: 10 * ms, notBefore: s, rate: 70, why: "throttled"},
+					{shape: shapeBucket, hold: 200*ms + 7*time.Microsecond, notBefore: 1030 * ms, rate: 49.6, why: "throttled"},
+				},
+			}
+		}(),
 		{
 			name:  "WithoutDiscovery: a throttle holds, and lowers nothing",
 			opts:  []LearnOption{WithoutDiscovery()},

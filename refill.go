@@ -36,7 +36,12 @@ import (
 //
 // A bucket that refills in less than 20 times its reset's resolution
 // (Azure's or Anthropic's whole seconds on a bucket full again within a
-// second or a few) is passed over: its rate is left to discovery.
+// second or a few) is passed over: its rate is left to discovery. Its
+// refusals' reports still bound it, loosely (Anthropic's bucket of 50 full
+// again in 2.5 s, its reset a date: 14 to 34 a second, for 20), and that is
+// enough for a key sent ten times too fast: the decrease starts again from
+// the lower bound, and a key sent above the upper one is held until the
+// Retry-After (see bucketBounds, decrease and bucketHold).
 type refill struct {
 	lo, hi float64 // bounds on the rate, units per second; hi 0: none yet
 	rate   float64 // the rate last given as the key's limit; 0: none
@@ -57,19 +62,15 @@ const (
 // is known to be a bucket's, by its dialect or as learnt) and returns the
 // measured limit in units per second, 0 when there is none.
 func (f *refill) observe(q Quota, bucket bool) float64 {
-	if !bucket || q.HasWindow || !q.HasLimit || !q.HasRemaining || !q.HasReset ||
-		q.Limit < 1 || q.Remaining >= q.Limit || q.Reset <= 0 {
+	if !bucket {
 		return f.rate
 	}
-	e := resetResolution(q.Reset)
-	if q.Reset < refillFine*e {
-		return f.rate // the resolution is too coarse for this reset to bound the rate closely
-	}
-	t := q.Reset.Seconds()
-	lo := max(q.Limit-q.Remaining-1, 0) / (t + e.Seconds())
-	hi := (q.Limit - q.Remaining) / (t - e.Seconds())
-	if math.IsInf(hi, 0) || math.IsNaN(hi) {
-		return f.rate // a hostile count: a limit too large to bound anything
+	lo, hi, ok := bucketBounds(q)
+	if !ok || q.HasWindow || q.Reset < refillFine*resetResolution(q.Reset) || math.IsInf(hi, 0) {
+		// Nothing to bound (or a window stated, which states the rate), or
+		// a resolution too coarse for this reset to bound the rate closely,
+		// or a hostile count (a limit too large to bound anything).
+		return f.rate
 	}
 	if f.hi == 0 || lo > f.hi || hi < f.lo {
 		f.lo, f.hi = lo, hi
@@ -85,6 +86,31 @@ func (f *refill) observe(q Quota, bucket bool) float64 {
 		f.rate = f.hi // started again, lower: at most the new upper bound
 	}
 	return f.rate
+}
+
+// bucketBounds returns the bounds one report of a bucket (quota q: its
+// capacity, the whole units it holds, the time until it is full again)
+// puts on its refill rate, in units per second, as refill's comment says:
+// (L−r−1)/(t+e) and (L−r)/(t−e), hi +Inf when t is not above e; ok false
+// when q is not such a report (no limit, no remaining, no reset, a bucket
+// full, a count too large to bound anything). A bucket that refills in
+// steps of up to e, rather than continuously, stays within them too: its
+// time to full is off a continuous bucket's by a step at most. (boundsOf in
+// control.lua is the same.)
+func bucketBounds(q Quota) (lo, hi float64, ok bool) {
+	if !q.HasLimit || !q.HasRemaining || !q.HasReset || q.Limit < 1 || q.Remaining >= q.Limit || q.Reset <= 0 {
+		return 0, 0, false
+	}
+	t, e := q.Reset.Seconds(), resetResolution(q.Reset).Seconds()
+	lo = max(q.Limit-q.Remaining-1, 0) / (t + e)
+	hi = math.Inf(1)
+	if t > e {
+		hi = (q.Limit - q.Remaining) / (t - e)
+	}
+	if math.IsInf(lo, 0) || math.IsNaN(lo) || math.IsNaN(hi) {
+		return 0, 0, false
+	}
+	return lo, hi, true
 }
 
 // resetResolution is the resolution a reset was read to: 1 ms for a

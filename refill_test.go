@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // simBucket is a provider's bucket: capacity units, refilled at rate per
@@ -159,5 +160,44 @@ func TestRefillHostile(t *testing.T) {
 		if math.IsInf(r, 0) || math.IsNaN(r) || r < 0 {
 			t.Fatalf("limit %v after %+v", r, q)
 		}
+	}
+}
+
+// TestBucketBounds: one report's bounds on a bucket's refill, as refill
+// and the controller read them; the same as the script's (boundsOf in
+// control.lua), which TestSharedControllerSteps compares.
+func TestBucketBounds(t *testing.T) {
+	q := func(limit, remaining float64, reset time.Duration) Quota {
+		return Quota{Limit: limit, HasLimit: true, Remaining: remaining, HasRemaining: true, Reset: reset, HasReset: true, Kind: ResetKindBucket}
+	}
+	const date = 7 * time.Microsecond // a reset read from a date: to the second
+	windowed := q(40, 0, 2*time.Second+date)
+	windowed.Window, windowed.HasWindow = 20*time.Second, true
+	for _, tc := range []struct {
+		name   string
+		q      Quota
+		lo, hi float64
+		ok     bool
+	}{
+		{"milliseconds", q(5, 0, 250*time.Millisecond), 4 / 0.251, 5 / 0.249, true},
+		{"a date: a second either way", q(50, 0, 2490*time.Millisecond+date), 49 / 3.490007, 50 / 1.490007, true},
+		{"a unit left", q(5, 1, 2*time.Second+date), 3 / 3.000007, 4 / 1.000007, true},
+		{"full again within the resolution: no upper bound", q(5, 0, 600*time.Millisecond+date), 4 / 1.600007, math.Inf(1), true},
+		{"a window stated bounds a bucket all the same", windowed, 39 / 3.000007, 40 / 1.000007, true},
+		{"full", q(5, 5, 0), 0, 0, false},
+		{"no reset", Quota{Limit: 5, HasLimit: true, Remaining: 0, HasRemaining: true}, 0, 0, false},
+		{"no limit", Quota{Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true}, 0, 0, false},
+		{"a count too large", q(math.MaxFloat64, 0, 20*time.Millisecond), 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lo, hi, ok := bucketBounds(tc.q)
+			require.Equal(t, tc.ok, ok)
+			assert.InDelta(t, tc.lo, lo, tc.lo*1e-6)
+			if math.IsInf(tc.hi, 1) {
+				assert.True(t, math.IsInf(hi, 1), "hi %v", hi)
+			} else {
+				assert.InDelta(t, tc.hi, hi, tc.hi*1e-6)
+			}
+		})
 	}
 }

@@ -73,8 +73,22 @@ local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[
 
 local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
 
+-- The bounds the response's count puts on a bucket's refill rate, units
+-- per second (bucketBounds in refill.go): (L-r-1)/(t+e) and (L-r)/(t-e),
+-- the upper one math.huge when t is not above e; nil when the count is not
+-- a bucket's report (no limit, no remaining, no reset, the bucket full, a
+-- count too large to bound anything).
+local function boundsOf()
+  if lim < 1 or rem < 0 or rem >= lim or reset <= 0 then return nil end
+  local t, e = reset / 1000000, resolution(reset) / 1000000
+  local lo, hi = math.max(lim - rem - 1, 0) / (t + e), math.huge
+  if t > e then hi = (lim - rem) / (t - e) end
+  if lo ~= lo or lo == math.huge or hi ~= hi then return nil end
+  return lo, hi
+end
+
 local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0', 'dra',
-  'gd', 'bk', 'bn')
+  'gd', 'bk', 'bn', 'bwt')
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
@@ -83,6 +97,8 @@ local pw0 = tonumber(st[10]) -- the rate right after the last decrease (with pre
 local dra = tonumber(st[11]) -- the drain's mark (rate.lua's drain; only a success's count moves it)
 -- the rate accepted before the limit fell, when it is tried again, the tries refused (see aimBack)
 local gd, bk, bn = tonumber(st[12]), tonumber(st[13]), tonumber(st[14]) or 0
+-- the end of the latest Retry-After a refusal from a bucket stated (bucketHold)
+local bwt = tonumber(st[15])
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
   redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm', 'gd', 'bk', 'bn')
@@ -204,8 +220,25 @@ if exhausted then
       untilus = math.max(e, now + ra)
     elseif shape == 2 then
       -- a success says the bucket is empty: the rate is the wait; a
-      -- refusal holds one unit
-      if throttled then untilus = now + math.min(reset, rateUnit) else untilus = now end
+      -- refusal holds one unit, or until its Retry-After (at most the
+      -- reset less its resolution) when the key went faster than the count
+      -- says the bucket refills (and no limit is believed), or the request
+      -- was sent before an earlier refusal's Retry-After ended (bucketHold
+      -- in controller.go)
+      if throttled then
+        untilus = now + math.min(reset, rateUnit)
+        local s = sent
+        if s < 0 then s = now end
+        if ra >= 0 and not (bwt and bwt >= now + ra) then
+          redis.call('HSET', KEYS[1], 'bwt', string.format('%.0f', now + ra))
+        end
+        local _, hi = boundsOf()
+        if (bwt and s < bwt) or (hi and not (advu and now < advu) and old > hi) then
+          untilus = math.max(untilus, now + math.min(math.max(ra, 0), reset - resolution(reset)))
+        end
+      else
+        untilus = now
+      end
     else
       untilus = now + math.max(ra, math.min(reset, math.max(probe, rateUnit)))
       -- after the hold the budget is forgotten until the next report, as
@@ -336,6 +369,17 @@ if exhausted then
           -- the rate refused (nearBeta, nearAim)
           w0 = math.max(w0, 0.9 * old)
           wmax = math.max(0.97 * old, w0)
+        end
+      end
+      if shape == 2 then
+        -- The refused report says the bucket refills no faster than hi,
+        -- under the aim: the climb starts again from the least it surely
+        -- refills, lo (decrease in controller.go).
+        local lo, hi = boundsOf()
+        if lo and hi < wmax then
+          wmax = hi
+          if lo > 0 then wmax = lo end
+          w0 = math.min(w0, wmax)
         end
       end
       -- The throttles that the turns given before the decrease meet belong
