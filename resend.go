@@ -168,6 +168,9 @@ func (r *resends) recall(req *http.Request, now time.Time) (resp *http.Response,
 // status whose body fits replayLimit (the body is read here, and resp's
 // body replaced with what was read).
 func (r *resends) end(req *http.Request, resp *http.Response, err error, now time.Time) {
+	if _, stainless := req.Header[hStainlessRetry]; !stainless && len(req.Header[hIdempotencyKey]) == 0 {
+		return // nothing would tell its resend (see resent): not kept
+	}
 	switch {
 	case err != nil:
 		if req.Context().Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -232,7 +235,9 @@ func (r *resends) forget(now time.Time) {
 		}
 		delete(r.calls, id)
 	}
-	r.order = append(r.order[:0], r.order[drop:]...)
+	if drop > 0 {
+		r.order = append(r.order[:0], r.order[drop:]...)
+	}
 }
 
 // markFinal tells an SDK above the Transport not to retry resp: egress

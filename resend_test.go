@@ -308,3 +308,20 @@ func statusAnswerBody(status int, body string) func(*http.Request) (*http.Respon
 		return &http.Response{StatusCode: status, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body)), Request: req}, nil
 	}
 }
+
+func TestResendKeepsOnlyWhatCouldBeResent(t *testing.T) {
+	base := &countingBase{answer: statusAnswer(200)}
+	tr := refusingTransport(t, base, RetryPolicy{})
+	send := func(header ...string) {
+		resp, err := tr.RoundTrip(rtyRequest(t, context.Background(), http.MethodGet, "http://api.example/v1/x", "", header...))
+		if resp != nil {
+			resp.Body.Close()
+		}
+		_ = err
+	}
+	send()
+	send() // refused: a plain request, which nothing would tell a resend of
+	assert.Zero(t, tr.resends.n.Load(), "a plain request's refusal is not kept")
+	send("X-Stainless-Retry-Count", "0")
+	assert.EqualValues(t, 1, tr.resends.n.Load(), "an SDK's is")
+}
