@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/egress-go/egress/internal/clock"
 )
 
 // A provider's SDK (openai-go, anthropic-sdk-go, stripe-go) that has a
@@ -145,10 +147,12 @@ func bodyHash(req *http.Request) uint64 {
 // recall returns how the Transport ended req's call — its error, or a copy
 // of its final response — when req is a resend of it within
 // resendMemory; ok is false otherwise.
-func (r *resends) recall(req *http.Request, now time.Time) (resp *http.Response, err error, ok bool) {
+// It reads the clock only then: the allowed path pays nothing for it.
+func (r *resends) recall(req *http.Request, clk clock.Clock) (resp *http.Response, err error, ok bool) {
 	if r.n.Load() == 0 || !resent(req) {
 		return nil, nil, false
 	}
+	now := clk.Now()
 	id := idOf(req)
 	r.mu.Lock()
 	c, found := r.calls[id]
@@ -167,18 +171,18 @@ func (r *resends) recall(req *http.Request, now time.Time) (resp *http.Response,
 // that); or, when req carries an Idempotency-Key, a response with an error
 // status whose body fits replayLimit (the body is read here, and resp's
 // body replaced with what was read).
-func (r *resends) end(req *http.Request, resp *http.Response, err error, now time.Time) {
+func (r *resends) end(req *http.Request, resp *http.Response, err error, c clock.Clock) {
 	if _, stainless := req.Header[hStainlessRetry]; !stainless && len(req.Header[hIdempotencyKey]) == 0 {
 		return // nothing would tell its resend (see resent): not kept
 	}
 	switch {
 	case err != nil:
 		if req.Context().Err() == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-			r.remember(req, remembered{err: err}, now)
+			r.remember(req, remembered{err: err}, c.Now())
 		}
 	case resp.StatusCode >= 400 && len(req.Header[hIdempotencyKey]) > 0:
 		if p := keep(resp); p != nil {
-			r.remember(req, remembered{resp: p}, now)
+			r.remember(req, remembered{resp: p}, c.Now())
 		}
 	}
 }

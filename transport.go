@@ -381,7 +381,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.resends == nil {
 		return t.roundTrip(req, key)
 	}
-	if resp, err, ok := t.resends.recall(req, t.clock.Now()); ok {
+	if resp, err, ok := t.resends.recall(req, t.clock); ok {
 		if err != nil {
 			return nil, t.reject(req, key, err)
 		}
@@ -392,7 +392,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := t.roundTrip(req, key)
 	markFinal(resp)
-	t.resends.end(req, resp, err, t.clock.Now())
+	t.resends.end(req, resp, err, t.clock)
 	return resp, err
 }
 
