@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,7 @@ type outcome struct {
 	// At the callers.
 	calls    int // calls made
 	failed   int // calls that ended in an error or a final status other than 200
+	roomy    int // failed calls whose last answer asked a wait their deadline still had room for
 	p50, p99 time.Duration
 	endRate  float64 // the lowest rate a pod held the key to at the end; 0 if unknown
 	fallback int64   // egress's switches to its local fallback (Redis trouble)
@@ -169,7 +171,7 @@ func run(t *testing.T, sc scenario) outcome {
 		elapsed: elapsed, accepted: st.Accepted, upstream: st.Requests, maxPerSecond: st.MaxPerSecond,
 		limited: len(limited), maxLimitedPerSec: fakeapi.MaxInWindow(limited, time.Second),
 		acceptedPerSec: st.PerSecond, limitedPerSec: fakeapi.PerWindow(limited, start, time.Second),
-		calls: tl.calls, failed: tl.calls - len(tl.latencies),
+		calls: tl.calls, failed: tl.calls - len(tl.latencies), roomy: tl.roomy,
 		p50: benchkit.Quantile(tl.latencies, 0.50), p99: benchkit.Quantile(tl.latencies, 0.99),
 		endRate: endRate(pods, target), fallback: fallback.Load(),
 		start: start, acceptedAt: st.Arrivals, limitedAt: limited, succeeded: tl.succeeded,
@@ -222,17 +224,24 @@ func endRate(pods []pod, apiURL string) float64 {
 type tally struct {
 	mu        sync.Mutex
 	calls     int             // guarded by mu
+	roomy     int             // guarded by mu; failed calls that had room left for the wait their last answer asked
 	latencies []time.Duration // guarded by mu; of the successful calls
 	succeeded []time.Time     // guarded by mu; when each successful call returned
 }
 
-func (t *tally) add(ok bool, d time.Duration) {
+// add counts a call that took d and ended with status; a failed call whose
+// last answer asked for a wait (its Retry-After) that the call's deadline
+// still had room for is counted as roomy: a retry could have been made.
+func (t *tally) add(status int, wait, d time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.calls++
-	if ok {
+	switch {
+	case status == http.StatusOK:
 		t.latencies = append(t.latencies, d)
 		t.succeeded = append(t.succeeded, time.Now())
+	case wait > 0 && d+wait < callTimeout:
+		t.roomy++
 	}
 }
 
@@ -260,8 +269,8 @@ func drive(ctx context.Context, apiURL string, l load, pods []pod, end time.Time
 func work(ctx context.Context, do func(*http.Request) (*http.Response, error), apiURL, tag string, every time.Duration, end time.Time, tl *tally) {
 	for i := 0; i < maxCallsPerWorker && ctx.Err() == nil && time.Now().Before(end); i++ {
 		t0 := time.Now()
-		status, _ := call(ctx, do, apiURL, fmt.Sprintf("%s-%d", tag, i), i%4 == 3)
-		tl.add(status == http.StatusOK, time.Since(t0))
+		status, wait, _ := call(ctx, do, apiURL, fmt.Sprintf("%s-%d", tag, i), i%4 == 3)
+		tl.add(status, wait, time.Since(t0))
 		if every > 0 {
 			if next := t0.Add(every); next.Before(end) {
 				_ = benchkit.Sleep(ctx, time.Until(next))
@@ -275,8 +284,9 @@ func work(ctx context.Context, do func(*http.Request) (*http.Response, error), a
 // call makes one payment call with its own deadline: a POST of a charge with
 // an Idempotency-Key and a form body that can be sent again, or a GET of a
 // charge; either carries key in requestIDHeader, the same on every attempt.
-// It returns the final status, 0 with an error.
-func call(ctx context.Context, do func(*http.Request) (*http.Response, error), apiURL, key string, get bool) (int, error) {
+// It returns the final status and the wait its Retry-After asks (0 when it
+// has none), or 0 with an error.
+func call(ctx context.Context, do func(*http.Request) (*http.Response, error), apiURL, key string, get bool) (int, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	var (
@@ -294,19 +304,23 @@ func call(ctx context.Context, do func(*http.Request) (*http.Response, error), a
 		}
 	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	req.Header.Set(requestIDHeader, key)
 	resp, err := do(req)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return resp.StatusCode, nil
+	var wait time.Duration
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		wait = time.Duration(s) * time.Second
+	}
+	return resp.StatusCode, wait, nil
 }
 
 // probeRecord owns the pods' connection pools and Redis clients and records

@@ -277,12 +277,13 @@ func signalScenarios() []signalScenario {
 				"where a client that retries waits out the Retry-After; egress without retries is shown beside it.",
 				int((1-stormShare)*signalRate*signalDuration.Seconds()), requestIDHeader),
 			columns: []string{"successes in 10 s", "% of 0.7·R", "429s: storm / limit", "re-sent after a 429",
-				"re-sent before its Retry-After", "shortest gap", "p50", "p99", "failed / calls"},
+				"re-sent before its Retry-After", "shortest gap", "p50", "p99", "failed / calls", "failed with room for the wait asked"},
 			cells: func(m signalMeasure) []string {
 				untouched := (1 - stormShare) * signalRate * signalDuration.Seconds()
 				return []string{benchkit.Count(m.successes()), benchkit.Percent(float64(m.successes()) / untouched),
 					benchkit.Count(m.o.storms) + " / " + benchkit.Count(m.o.refused), benchkit.Count(m.resends.after429), benchkit.Count(m.resends.early),
-					benchkit.Ms(m.resends.minGap), benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls)}
+					benchkit.Ms(m.resends.minGap), benchkit.Ms(m.o.p50), benchkit.Ms(m.o.p99), benchkit.Count(m.o.failed) + " / " + benchkit.Count(m.o.calls),
+					benchkit.Count(m.o.roomy)}
 			},
 		},
 		{
