@@ -464,6 +464,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 // the decrease; sped all along, the configured 100).
 func TestSharedBucketRoomNeedsTheRate(t *testing.T) {
 	l, cfg, goSt, learn := sharedBesideGo(t, "keepup", false)
+	agedKey(t, l.shared, "k") // the Go controller knows no start-up collision
 	// At the configured rate first, counts with room: nothing to climb.
 	sendCounted(t, l, cfg, goSt, learn, 300*time.Millisecond, 1, 9)
 	refusal := roomCount(time.Now(), 429, 0)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/fakellm"
+	"github.com/egress-go/egress/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -367,6 +368,26 @@ func TestLimitsRefundCancelLeavesNoTrace(t *testing.T) {
 // wait the refusal stated is compared with the wait that request had
 // (the figures are in the log).
 func TestRealTimeRefundLLM(t *testing.T) {
+	lim, err := NewLimits(WindowOf(Tokens, refundN, refundW))
+	require.NoError(t, err)
+	runRefundLLM(t, []CostLimiter{lim})
+}
+
+// TestRealTimeRefundLLMShared: the same with a SharedLimits, two
+// instances of four workers each on one Redis (sharedlimits_expect.go):
+// before, 71 of 78 calls were refused at once, stating 7–9 s.
+func TestRealTimeRefundLLMShared(t *testing.T) {
+	srv := redistest.Start(t)
+	var lims []CostLimiter
+	for range 2 {
+		lims = append(lims, newSharedLimits(t, srv.Client(t), "refund", []Limit{WindowOf(Tokens, refundN, refundW)}))
+	}
+	runRefundLLM(t, lims)
+}
+
+// runRefundLLM runs the scenario of TestRealTimeRefundLLM with the workers
+// spread over lims, one Transport each; the probe asks lims[0].
+func runRefundLLM(t *testing.T, lims []CostLimiter) {
 	const (
 		workers  = 8
 		deadline = 6 * time.Second
@@ -378,8 +399,6 @@ func TestRealTimeRefundLLM(t *testing.T) {
 	require.NoError(t, err)
 	srv := httptest.NewServer(llm)
 	defer srv.Close()
-	lim, err := NewLimits(WindowOf(Tokens, refundN, refundW))
-	require.NoError(t, err)
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	defer base.CloseIdleConnections()
 
@@ -396,9 +415,12 @@ func TestRealTimeRefundLLM(t *testing.T) {
 		}
 		return resp, err
 	})
-	tr, err := New(probe, WithLimiter(lim), WithCosts(LLMCost), WithRetry(RetryPolicy{}))
-	require.NoError(t, err)
-	client := &http.Client{Transport: tr}
+	var clients []*http.Client
+	for _, lim := range lims {
+		tr, err := New(probe, WithLimiter(lim), WithCosts(LLMCost), WithRetry(RetryPolicy{}))
+		require.NoError(t, err)
+		clients = append(clients, &http.Client{Transport: tr})
+	}
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":1000,"stream":true}`)
 	newReq := func(ctx context.Context) *http.Request {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+fakellm.ChatCompletionsPath, bytes.NewReader(body))
@@ -407,7 +429,8 @@ func TestRealTimeRefundLLM(t *testing.T) {
 	}
 
 	var wg sync.WaitGroup
-	for range workers {
+	for w := range workers {
+		client := clients[w%len(clients)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -446,6 +469,7 @@ func TestRealTimeRefundLLM(t *testing.T) {
 	var probes []stated
 	key := srv.Listener.Addr().String()
 	cost := LLMCost(newReq(context.Background()))
+	lim := lims[0]
 	for at := 1500 * time.Millisecond; at < run-time.Second; at += 700 * time.Millisecond {
 		time.Sleep(time.Until(start.Add(at)))
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

@@ -447,12 +447,17 @@ func (p *plan) earliest(key string, cost Cost) (time.Time, int) {
 func (p *plan) place(key string, cost Cost, at time.Time) {
 	for i := range p.l.limits {
 		if c := cost.Of(p.l.limits[i].dim); c > 0 {
-			s := p.state(i, key)
-			e := planEntry{at: at, est: c}
-			e.exp, e.settle = s.stats.expect(at, c, at)
-			s.es = append(s.es, e)
+			p.state(i, key).place(c, at)
 		}
 	}
+}
+
+// place grants c at turn at, after every turn in the window: it settles as
+// the window's grants have been settling.
+func (s *planState) place(c int, at time.Time) {
+	e := planEntry{at: at, est: c}
+	e.exp, e.settle = s.stats.expect(at, c, at)
+	s.es = append(s.es, e)
 }
 
 // planEvent is a fall of a window's count: a settlement or a grant leaving.

@@ -86,6 +86,7 @@ func TestSharedDecreaseSpreadsGivenTurns(t *testing.T) {
 			ctx := context.Background()
 			const key, waiters = "api.example.com", 40
 			start := time.Now()
+			agedKey(t, sharedOf(a), key) // in use: not a start-up collision
 			wait, count := startWaiters(t, b, key, waiters)
 			// Every waiter has its turn once the first few have gone.
 			require.Eventually(t, func() bool { return count() >= 3 }, time.Second, time.Millisecond)
@@ -243,6 +244,7 @@ func TestSharedFleetEstimate(t *testing.T) {
 	b := newSharedTB(t, srv.Client(t), "estimate", PerSecond(100), 1, opts...)
 	ctx := context.Background()
 	const key = "api.example.com"
+	agedKey(t, a.shared, key) // in use: not a start-up collision
 	for range 40 { // 0.4 s of turns at 100/s
 		_, err := b.Wait(ctx, key, 1, 0)
 		require.NoError(t, err)

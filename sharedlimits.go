@@ -73,6 +73,7 @@ type SharedLimits struct {
 	args    []any          // the limits' arguments, the same for every call
 	stop    chan struct{}  // closed by Close: the leads stop holding back
 	largest []atomic.Int64 // per limit: the largest cost asked for, which the fallback keeps grantable
+	settled settling       // how this process's grants have settled (sharedlimits_expect.go)
 	work    sync.WaitGroup // leads, give-backs and cancelled waiters' watchers
 
 	replan  bool // every limit a window, none a parent's: the script gives turns again on a refund
@@ -130,6 +131,7 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		waiting: make(map[string]*sharedWaiter),
 		largest: make([]atomic.Int64, len(limits)),
 	}
+	l.settled.stats = make([]settleStats, len(limits))
 	l.replan = true
 	for _, lim := range limits {
 		l.replan = l.replan && lim.window && lim.parent == nil
@@ -179,6 +181,14 @@ func (l *SharedLimits) fallbackLimits(f float64) *Limits {
 	fb.clock = l.fleet.clock
 	return fb
 }
+
+// replanHoldBack is the longest a lead keeps new waiters back when
+// refunds move the turns (see lead): long enough to gather the waiters of
+// a key asked a hundred times a second or more in one call. (Held back a
+// fifth of the way to turns taken beyond a budget, 8 s ahead, a request
+// with a 10 s deadline reached Redis 1.6 s after it arrived, behind those
+// that came meanwhile.)
+const replanHoldBack = 10 * time.Millisecond
 
 // limitsLane is the coalescing state of one request key: its Redis keys,
 // and the waiters queued for a call. Guarded by the limiter's mu.
@@ -246,25 +256,18 @@ func (l *SharedLimits) Wait(ctx context.Context, key string, cost int, maxWait t
 // WaitCost implements CostLimiter for the fleet: see Limits.WaitCost. When
 // every limit is a window and none is a parent's, a settlement that gives
 // room back gives the fleet's waiters their turns again, sooner, as a
-// Limits does (the script tells the moves on the channel); otherwise a
-// turn once given stays.
+// Limits does (the script tells the moves on the channel), and a request
+// whose turn lies beyond its budget waits when the refunds expected bring
+// it within (see sharedlimits_expect.go); otherwise a turn once given
+// stays.
 func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Grant, error) {
-	if err := cost.check(key); err != nil {
+	if err := l.check(key, cost); err != nil {
 		return Grant{}, err
-	}
-	for i := range l.limits {
-		c := cost.Of(l.limits[i].dim)
-		if c > l.limits[i].n {
-			return Grant{}, &LimitError{Key: key, Cost: c, Reason: ReasonCostTooHigh}
-		}
-		for big := l.largest[i].Load(); int64(c) > big && !l.largest[i].CompareAndSwap(big, int64(c)); big = l.largest[i].Load() {
-		}
 	}
 	if err := ctx.Err(); err != nil {
 		return Grant{}, err
 	}
 	s := l.fleet
-	id := keyID(key)
 	start := s.clock.Now()
 	for {
 		if fb := s.fallback.Load(); fb != nil {
@@ -278,42 +281,95 @@ func (l *SharedLimits) WaitCost(ctx context.Context, key string, cost Cost, maxW
 			g.local = local
 			return g, err
 		}
-		reservedAt := s.clock.Now()
-		b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
-		rep := l.reserve(ctx, key, cost, b, reservedAt)
-		switch {
-		case rep.err != nil && ctx.Err() != nil:
-			return Grant{}, ctx.Err()
-		case errors.Is(rep.err, ErrSharedUnavailable):
-			return Grant{}, rep.err // closed
-		case rep.err != nil:
-			s.failed(rep.err)
-			continue // to the fallback
-		case rep.refused:
-			c := cost.Requests
-			if i := rep.binding - 1; i >= 0 && i < len(l.limits) {
-				c = cost.Of(l.limits[i].dim)
-			}
-			return Grant{}, b.refuseWith(key, c, rep.wait, s.clock.Now())
+		g, again, err := l.take(ctx, key, cost, maxWait, start)
+		if !again {
+			return g, err
 		}
-		g := Grant{Key: key, Cost: cost, At: rep.at.Add(rep.wait), turn: rep.turn}
-		if err := l.sleep(ctx, id, rep.gid, &g); err != nil {
-			l.giveBack(g)
-			return Grant{}, err
-		}
-		if !s.pausedSince(id, reservedAt) {
-			g.Waited = s.clock.Now().Sub(start)
-			return g, nil
-		}
-		// A hold began after this turn was given: the turn falls inside
-		// it. Give it back and take one after the hold; the script knows it.
-		l.giveBack(g)
 	}
 }
 
+// check refuses a cost no limit can grant, and notes each limit's largest
+// cost asked for (see fallbackLimits).
+func (l *SharedLimits) check(key string, cost Cost) error {
+	if err := cost.check(key); err != nil {
+		return err
+	}
+	for i := range l.limits {
+		c := cost.Of(l.limits[i].dim)
+		if c > l.limits[i].n {
+			return &LimitError{Key: key, Cost: c, Reason: ReasonCostTooHigh}
+		}
+		for big := l.largest[i].Load(); int64(c) > big && !l.largest[i].CompareAndSwap(big, int64(c)); big = l.largest[i].Load() {
+		}
+	}
+	return nil
+}
+
+// take reserves a turn of cost for key in Redis and waits for it, for a
+// request that began at start; again reports that the caller should try
+// once more: Redis failed (the fallback is next), or a hold heard after the
+// turn was given covers it (given back, the script knows of the hold).
+func (l *SharedLimits) take(ctx context.Context, key string, cost Cost, maxWait time.Duration, start time.Time) (g Grant, again bool, err error) {
+	s := l.fleet
+	reservedAt := s.clock.Now()
+	b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
+	rep := l.reserve(ctx, key, cost, b, reservedAt)
+	var end time.Time // when a turn taken beyond b is given back; zero for none
+	if rep.err == nil && rep.refused {
+		wait, late := l.expectation(ctx, key, cost, rep, b, reservedAt)
+		if !late {
+			return Grant{}, false, b.refuseWith(key, l.bindingCost(cost, rep.binding), wait, s.clock.Now())
+		}
+		end = b.end(reservedAt, true)
+		rep = l.reserve(ctx, key, cost, budget{}, s.clock.Now()) // the real turn, beyond b
+	}
+	switch {
+	case rep.err != nil && ctx.Err() != nil:
+		return Grant{}, false, ctx.Err()
+	case errors.Is(rep.err, ErrSharedUnavailable):
+		return Grant{}, false, rep.err // closed
+	case rep.err != nil:
+		s.failed(rep.err)
+		return Grant{}, true, nil // to the fallback
+	case rep.refused:
+		return Grant{}, false, b.refuseWith(key, l.bindingCost(cost, rep.binding), rep.wait, s.clock.Now())
+	}
+	id := keyID(key)
+	g = Grant{Key: key, Cost: cost, At: rep.at.Add(rep.wait), turn: rep.turn}
+	if err := l.sleep(ctx, id, rep.gid, &g, end); err != nil {
+		l.giveBack(g)
+		if errors.Is(err, errGaveUp) {
+			// The refunds did not bring the turn within b: the wait it
+			// still needs, from when it was asked for.
+			now := s.clock.Now()
+			return Grant{}, false, b.refuseAt(reservedAt, key, l.bindingCost(cost, rep.binding), maxTime(g.At, now).Sub(reservedAt))
+		}
+		return Grant{}, false, err
+	}
+	if s.pausedSince(id, reservedAt) {
+		l.giveBack(g)
+		return Grant{}, true, nil
+	}
+	g.Waited = s.clock.Now().Sub(start)
+	return g, false, nil
+}
+
+// bindingCost returns the cost a refusal by limit binding (1-based; 0 the
+// key's hold) states.
+func (l *SharedLimits) bindingCost(cost Cost, binding int) int {
+	if i := binding - 1; i >= 0 && i < len(l.limits) {
+		return cost.Of(l.limits[i].dim)
+	}
+	return cost.Requests
+}
+
+// errGaveUp is sleep's error for a turn that end came before.
+var errGaveUp = errors.New("egress: the turn did not come before the budget's end")
+
 // sleep waits for g's turn, which a refund elsewhere in the fleet may move
-// sooner (the script tells the moves on the channel; see moved).
-func (l *SharedLimits) sleep(ctx context.Context, id string, gid int64, g *Grant) error {
+// sooner (the script tells the moves on the channel; see moved), and
+// returns errGaveUp if end (unless zero) comes first.
+func (l *SharedLimits) sleep(ctx context.Context, id string, gid int64, g *Grant, end time.Time) error {
 	clk := l.fleet.clock
 	if !g.At.After(clk.Now()) {
 		return nil
@@ -332,8 +388,15 @@ func (l *SharedLimits) sleep(ctx context.Context, id string, gid int64, g *Grant
 		l.mu.Unlock()
 	}()
 	for {
-		d := g.At.Sub(clk.Now())
+		until := g.At
+		if !end.IsZero() && end.Before(until) {
+			until = end
+		}
+		d := until.Sub(clk.Now())
 		if d <= 0 {
+			if until.Before(g.At) {
+				return errGaveUp
+			}
 			return nil
 		}
 		t := clk.NewTimer(d)
@@ -469,7 +532,13 @@ func (l *SharedLimits) lead(key string, ln *limitsLane) {
 	s := l.fleet
 	for {
 		l.mu.Lock()
-		due := ln.called.Add(ln.held.Sub(ln.called) / coalesceShare)
+		back := ln.held.Sub(ln.called) / coalesceShare
+		if l.replan {
+			// The turns held move sooner with every refund: the last of
+			// them says little of when the next call is worth making.
+			back = min(back, replanHoldBack)
+		}
+		due := ln.called.Add(back)
 		// No later than the first queued waiter's latest turn allows.
 		for _, p := range ln.queue {
 			if !p.gone && !p.limit.IsZero() {
@@ -618,6 +687,9 @@ func parseLimitsReply(reply any, n int, at time.Time) ([]limitsReply, error) {
 // one call, bounded by the command timeout; a grant the fallback made
 // settles there, and nothing is sent while Redis is unreachable.
 func (l *SharedLimits) Settle(g Grant, actual Cost) {
+	if g.turn != 0 && g.local == nil {
+		l.settled.learn(l.limits, g, actual, l.fleet.clock.Now())
+	}
 	if actual == g.Cost || g.turn == 0 && g.local == nil {
 		return
 	}

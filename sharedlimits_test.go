@@ -610,6 +610,78 @@ func TestSharedLimitsRefundMovesTheFleetsWaiters(t *testing.T) {
 	require.NoError(t, err, "20 + 10 taken, 70 left")
 }
 
+// TestSharedLimitsPlansWithRefunds: a request whose turn on the estimates
+// lies beyond its deadline waits when the refunds the instance has learnt
+// to expect bring it within (sharedlimits_expect.go), goes when they come,
+// and when they do not, gives its turn back at its deadline less
+// giveUpMargin with a *LimitError, leaving the window as it was.
+func TestSharedLimitsPlansWithRefunds(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []Limit{WindowOf(Tokens, 1000, 10*time.Second)}
+	a := newSharedLimits(t, srv.Client(t), "plans", limits)
+	b := newSharedLimits(t, srv.Client(t), "plans", limits)
+	ctx := context.Background()
+	// a learns that its grants settle at a tenth, 100 ms after their turn.
+	for range 3 {
+		g, err := a.WaitCost(ctx, "k", Cost{Tokens: 100}, 0)
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond)
+		a.Settle(g, Cost{Tokens: 10})
+	}
+	st := a.settled.of(0)
+	require.True(t, st.expects())
+	ask := func(d time.Duration) (Grant, error, time.Duration) {
+		cctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		start := time.Now()
+		g, err := a.WaitCost(cctx, "k", Cost{Tokens: 500}, 0)
+		return g, err, time.Since(start)
+	}
+
+	// The window holds 30 settled; b takes 900, in flight. On the
+	// estimates, 500 more waits until b's 900 leave the window (10 s); a
+	// expects b's grant to settle 100 ms after its turn, so it waits, and
+	// goes when b's refund comes, 300 ms in.
+	inFlight, err := b.WaitCost(ctx, "k", Cost{Tokens: 900}, 0)
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		b.Settle(inFlight, Cost{Tokens: 50})
+	}()
+	g, err, took := ask(2 * time.Second)
+	require.NoError(t, err)
+	assert.Greater(t, took, 250*time.Millisecond)
+	assert.Less(t, took, time.Second, "moved in by the refund")
+	a.Settle(g, Cost{Tokens: 500})
+
+	// 580 in the window; b takes 400 more, which never settles: a waits
+	// for the refund, and gives up just before its deadline.
+	_, err = b.WaitCost(ctx, "k", Cost{Tokens: 400}, 0)
+	require.NoError(t, err)
+	g, err, took = ask(time.Second)
+	var le *LimitError
+	require.ErrorAs(t, err, &le, "a *LimitError, not the context's error")
+	assert.Equal(t, ReasonDeadline, le.Reason)
+	assert.Greater(t, le.Wait, 8*time.Second, "the wait it still needs: until b's first grant leaves the window")
+	assert.Greater(t, took, 900*time.Millisecond, "it waited for the refund")
+	assert.Less(t, took, time.Second)
+	assert.Zero(t, g)
+	// Its turn was given back: the 20 left are grantable at once.
+	spinUntil(t, "the turn given back", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		g, err := a.WaitCost(cctx, "k", Cost{Tokens: 20}, 0)
+		if err == nil {
+			a.Settle(g, Cost{})
+		}
+		return err == nil
+	})
+	// Asked again, with the grant overdue, it is refused at once.
+	_, err, took = ask(time.Second)
+	require.ErrorAs(t, err, &le)
+	assert.Less(t, took, 100*time.Millisecond, "nothing expected of an overdue grant")
+}
+
 // SharedLimits is a CostLimiter, a Learner, and has the shared limiters'
 // Stats and Close.
 var (

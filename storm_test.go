@@ -349,6 +349,18 @@ func reserveTurns(t *testing.T, s *shared, id string, n int) []reserved {
 	return res
 }
 
+// agedKey dates the first grant of key in Redis two seconds back on the
+// server's clock, so that a throttle is not taken for a start-up collision
+// (control.lua): for tests of what a throttle does to a key in use.
+func agedKey(t *testing.T, s *shared, key string) {
+	t.Helper()
+	ctx := context.Background()
+	now, err := s.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	state := s.redisKeys(keyID(key))[2]
+	require.NoError(t, s.rdb.HSet(ctx, state, "hist", now.Add(-2*time.Second).UnixMicro()).Err())
+}
+
 // sharedOf returns the shared state of one of the package's shared
 // limiters.
 func sharedOf(l Limiter) *shared {

@@ -186,10 +186,36 @@ if exhausted and throttled then
   -- mark's measure counts, and the provider did not take it (see drain).
   if dra and sent >= dra then redis.call('HINCRBY', KEYS[1], 'drf', 1) end
 end
+-- A start-up collision: a refusal to a request sent in the key's first
+-- second (hist, its first grant) at the configured rate, that asks a wait
+-- of a second at most, while the fleet's refusals in the last second are
+-- few: two, or a tenth of the units granted. A fleet's instances open
+-- their connections together and their first requests land late, side by
+-- side; that says nothing of the limit. It lowers nothing, and when the
+-- key's shape is not known yet and the refusal carries a count, it holds
+-- the key a unit at the rate rather than for the Retry-After, rounded up
+-- to the second (a known shape holds as its shape says; a throttle that
+-- says nothing holds for its probe); the refused request still waits its
+-- own Retry-After. More refusals, or one after the first second, are
+-- heard as any other: a limit configured at twice the provider's is
+-- refused half its turns once its burst is gone. (Held for the second and
+-- lowered by beta, a fleet of 64 lost an eighth of a ten-second run to one
+-- collision at start; 256 instances draw five to seven such refusals in
+-- the first half second.)
+local collision = false
+if exhausted and throttled and sent >= 0 and old >= configured and ra <= 1000000 then
+  local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
+  if hist and sent < hist + 1000000 then
+    local r = refusedLastSecond(KEYS[1], now)
+    collision = r <= 2 or r <= 0.1 * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
+  end
+end
 if exhausted then
   local rateUnit = 1000000 / old
   local untilus
-  if reset < 0 then
+  if collision and shape == 0 and ARGV[22] ~= '1' then
+    untilus = now + rateUnit
+  elseif reset < 0 then
     if ra >= 0 then
       untilus = now + ra
     elseif ARGV[22] == '1' then
@@ -317,7 +343,7 @@ if exhausted then
   end
   -- Discovery: a throttle to a request sent after the last decrease, when
   -- no advertised limit is believed (a throttle at one lowers nothing).
-  if throttled and discover > 0 and not (advu and now < advu) and (not dec or sent > dec) then
+  if throttled and discover > 0 and not collision and not (advu and now < advu) and (not dec or sent > dec) then
     if sent >= 0 and triesBack(gd, bk, prev, sent) and sent < bk + 1000000 then
       -- A try of the rate the fleet was accepted at before its limit fell,
       -- refused: no decrease; the next try waits twice as long after the

@@ -12,7 +12,7 @@
 --                id in every window it takes from), "k<seq>:<cost>" for a
 --                charge or a cap; unused by a bucket
 -- KEYS[2L+2]     the grant ids' counter of the key's hash tag
--- ARGV[1]  the operation: reserve, settle or learn
+-- ARGV[1]  the operation: reserve, settle, learn or window
 -- ARGV[2]  L, the number of limits
 -- ARGV[3], ... three values a limit: its kind (0 a bucket, 1 a window), n
 --          (a bucket's burst, a window's quota), and a bucket's interval
@@ -38,6 +38,10 @@
 --            units the provider said remain, -1 when it said nothing of the
 --            limit's dimension; its reset in us, -1 for none; 1 when its
 --            reset means "until the bucket is full", else 0). Returns 0.
+--   window:  a window limit i (1-based) and the most grants to return.
+--            Returns now (us), then its grants still in the window as
+--            (turn, cost) pairs in the order of their turns (none when
+--            there are more than the most). Changes nothing.
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -162,6 +166,22 @@ end
 
 local op = ARGV[1]
 local hold = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+
+if op == 'window' then
+  -- Window i's grants still in it, read for a plan (sharedlimits_expect.go):
+  -- now, then a (turn, cost) pair a grant, in the order of their turns;
+  -- now alone when there are more than the most asked for.
+  local i, most = tonumber(ARGV[at0]), tonumber(ARGV[at0 + 1])
+  local z, from = KEYS[2 * i + 1], '(' .. string.format('%.0f', now - span[i])
+  local out = {now}
+  if redis.call('ZCOUNT', z, from, '+inf') > most then return out end
+  local ms = redis.call('ZRANGEBYSCORE', z, from, '+inf', 'WITHSCORES')
+  for j = 1, #ms, 2 do
+    out[#out + 1] = math.ceil(tonumber(ms[j + 1]))
+    out[#out + 1] = costOf(ms[j])
+  end
+  return out
+end
 
 if op == 'reserve' then
   local out = {now}
