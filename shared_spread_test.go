@@ -245,7 +245,7 @@ func TestSharedFleetEstimate(t *testing.T) {
 	ctx := context.Background()
 	const key = "api.example.com"
 	agedKey(t, a.shared, key) // in use: not a start-up collision
-	for range 40 { // 0.4 s of turns at 100/s
+	for range 40 {            // 0.4 s of turns at 100/s
 		_, err := b.Wait(ctx, key, 1, 0)
 		require.NoError(t, err)
 	}
