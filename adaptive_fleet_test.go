@@ -423,7 +423,7 @@ func TestAdaptiveFleetOff(t *testing.T) {
 // "default";r=0;t=1, which pauses the fleet for 1 s. Were the shared bucket
 // full when the pause ends, it would send its 10 at once, empty the provider
 // again, and settle at 10 requests a second; the pause empties the bucket as
-// of its end (pause.lua), so the fleet resumes at the rate.
+// of its end (control.lua), so the fleet resumes at the rate.
 //
 // The rate is measured from the third second: the pause (whole seconds,
 // t=1) begins when the first bucket empties, anywhere in the first half

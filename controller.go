@@ -9,7 +9,7 @@ import (
 // The controller: one per key, it turns what responses say (a Signal) into
 // what the key does next. It is a pure function of the key's state, the
 // signal and the time; the local limiters keep the state beside their
-// buckets, the shared limiters in Redis (internal/lua/learn.lua applies the
+// buckets, the shared limiters in Redis (internal/lua/control.lua applies the
 // same rules in the same script that keeps the rate). Its choices:
 //
 //   - hold the key, for every request of the limiter (the fleet, when it is

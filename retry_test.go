@@ -6,7 +6,7 @@ package egress
 // this file barely wait on
 // the wall clock: backoffs are 0 or a few milliseconds, and Retry-After
 // waits run on a fake clock. Real-time retries, measured at the server, are
-// in retry_realtime_test.go.
+// in retry_timing_test.go.
 
 import (
 	"bytes"

@@ -9,11 +9,10 @@ import (
 	"time"
 )
 
-// This file reads what a provider says about its limits: the Retry-After
-// header of a 429 or 503 (RFC 9110 §10.2.3) and the rate-limit headers, in
-// their three common dialects: X-RateLimit-*, the older IETF draft's
-// RateLimit-Limit/-Remaining/-Reset, and the structured RateLimit and
-// RateLimit-Policy fields of draft-ietf-httpapi-ratelimit-headers.
+// This file reads the Retry-After header of a 429 or 503 (RFC 9110
+// §10.2.3), and holds the lenient readers of header numbers, resets and
+// structured-field members (draft-ietf-httpapi-ratelimit-headers' RateLimit
+// and RateLimit-Policy) that the dialect readers (dialect*.go) build on.
 //
 // Every header is hostile input: the functions here never panic, never
 // return a negative duration and never return one above the caller's cap.
@@ -80,123 +79,6 @@ func retryAfterOne(s string, now time.Time, max time.Duration) (time.Duration, b
 	return 0, false
 }
 
-// rateLimitHint is what the rate-limit headers of a response say.
-// A field whose Has flag is false was not sent (or not usable) and is zero.
-type rateLimitHint struct {
-	Remaining    int64         // requests left in the current window, >= 0
-	HasRemaining bool          //
-	Reset        time.Duration // time from now until the window resets, in [0, max]; 0 = now
-	HasReset     bool          //
-	Limit        int64         // the advertised limit (quota) of the window, when sent; >= 0
-	HasLimit     bool          //
-	Window       time.Duration // the advertised window of Limit, when sent; > 0
-	HasWindow    bool          //
-}
-
-// parseRateLimit folds the rate-limit headers of a response into one hint.
-// Responses are read through the SignalReaders (dialect*.go), which keep
-// every quota apart; this summary stays for the code that still takes a
-// rateLimitHint, and goes when none does.
-//
-// It reads X-RateLimit-Limit/Remaining/Reset, RateLimit-Limit/
-// Remaining/Reset, the structured IETF `RateLimit` field ("default";r=0;t=30)
-// and `RateLimit-Policy` ("default";q=50;w=1), relative to now, with Reset
-// capped at max (max > 0; a max <= 0 caps Reset at 0).
-//
-// The sources are read from the most standard down, and each field comes
-// from the first source that has it: for Remaining and Reset, the structured
-// RateLimit field, then RateLimit-Remaining/-Reset, then X-RateLimit-*
-// (X-RateLimit-Reset-After before X-RateLimit-Reset); for Limit and Window,
-// which always come together from one source, RateLimit-Policy, then the
-// RateLimit field's older dictionary form (limit=10, remaining=1, reset=7),
-// then RateLimit-Limit, then X-RateLimit-Limit.
-//
-// The number of a Reset header (X-RateLimit-Reset, RateLimit-Reset) is read
-// by its size, since providers send either a moment or a delay: a value
-// >= 1e12 is epoch milliseconds, a value >= 1e9 (after 2001-09-09 as epoch
-// seconds) is epoch seconds, and anything smaller is seconds from now,
-// decimals allowed. X-RateLimit-Reset-After and the structured t= parameter
-// are always seconds from now. A reset in the past is 0.
-//
-// Where one field holds several members, the most restrictive wins: the
-// lowest remaining (with its own reset; the larger reset on a tie), and the
-// policy with the lowest quota per window (q/w). A limit such as
-// "50, 50;w=1" or "50;w=60" (an integer item with a w= parameter) is read
-// like a policy; a bare "50" gives Limit without Window, and is used only
-// when no member carries a window. Negative, fractional or overflowing
-// counts, zero or overflowing windows, and unknown parameters are ignored.
-func parseRateLimit(h http.Header, now time.Time, max time.Duration) rateLimitHint {
-	max = nonNegativeWait(max)
-	structured, dict := parseRateLimitField(h.Values("RateLimit"), max)
-	older := rateLimitHint{}
-	older.Remaining, older.HasRemaining = lowestCount(h.Values("RateLimit-Remaining"))
-	older.Reset, older.HasReset = largestReset(h.Values("RateLimit-Reset"), now, max)
-	older.Limit, older.Window, older.HasLimit, older.HasWindow = parsePolicy(h.Values("RateLimit-Limit"))
-	x := rateLimitHint{}
-	x.Remaining, x.HasRemaining = lowestCount(h.Values("X-RateLimit-Remaining"))
-	x.Reset, x.HasReset = largestDelay(h.Values("X-RateLimit-Reset-After"), max)
-	if !x.HasReset {
-		x.Reset, x.HasReset = largestReset(h.Values("X-RateLimit-Reset"), now, max)
-	}
-	x.Limit, x.Window, x.HasLimit, x.HasWindow = parsePolicy(h.Values("X-RateLimit-Limit"))
-	policy := rateLimitHint{}
-	policy.Limit, policy.Window, policy.HasLimit, policy.HasWindow = parsePolicy(h.Values("RateLimit-Policy"))
-
-	var hint rateLimitHint
-	for _, src := range []rateLimitHint{structured, policy, dict, older, x} {
-		hint = hint.fill(src)
-	}
-	return hint
-}
-
-// fill returns h with the fields it lacks taken from src. Limit and Window
-// are taken together, so that a window always belongs to its limit.
-func (h rateLimitHint) fill(src rateLimitHint) rateLimitHint {
-	if !h.HasRemaining && src.HasRemaining {
-		h.Remaining, h.HasRemaining = src.Remaining, true
-	}
-	if !h.HasReset && src.HasReset {
-		h.Reset, h.HasReset = src.Reset, true
-	}
-	if !h.HasLimit && src.HasLimit {
-		h.Limit, h.HasLimit = src.Limit, true
-		h.Window, h.HasWindow = src.Window, src.HasWindow
-	}
-	return h
-}
-
-// parseRateLimitField reads the structured RateLimit field: a list of
-// members such as `"default";r=0;t=30`, of which the one with the lowest r
-// (remaining) wins, with its t (seconds until reset). When no member has a
-// usable r, Reset is the largest t. The draft's older dictionary form,
-// `limit=10, remaining=1, reset=7`, comes back separately as dict.
-func parseRateLimitField(values []string, max time.Duration) (hint, dict rateLimitHint) {
-	var bestT time.Duration // the largest t, for when no member has an r
-	hasT := false
-	for _, m := range sfMembers(values) {
-		if key, val, ok := dictMember(m.item); ok {
-			dict = dict.addDictMember(key, val, max)
-			continue
-		}
-		r, hasR := headerCount(m.param("r"))
-		t, okT := headerSeconds(m.param("t"), max)
-		if okT && (!hasT || t > bestT) {
-			bestT, hasT = t, true
-		}
-		if !hasR {
-			continue
-		}
-		if !hint.HasRemaining || r < hint.Remaining ||
-			(r == hint.Remaining && okT && (!hint.HasReset || t > hint.Reset)) {
-			hint = rateLimitHint{Remaining: r, HasRemaining: true, Reset: t, HasReset: okT}
-		}
-	}
-	if !hint.HasRemaining && hasT {
-		hint.Reset, hint.HasReset = bestT, true
-	}
-	return hint, dict
-}
-
 // dictMember splits a dictionary-form member such as `remaining=1`.
 // A quoted item ("default") is never one.
 func dictMember(item string) (key, val string, ok bool) {
@@ -205,26 +87,6 @@ func dictMember(item string) (key, val string, ok bool) {
 	}
 	key, val, ok = strings.Cut(item, "=")
 	return strings.ToLower(strings.TrimSpace(key)), sfUnquote(strings.TrimSpace(val)), ok
-}
-
-// addDictMember records one member of the RateLimit field's older
-// dictionary form, keeping the most restrictive value of each key.
-func (h rateLimitHint) addDictMember(key, val string, max time.Duration) rateLimitHint {
-	switch key {
-	case "limit":
-		if n, ok := headerCount(val); ok && (!h.HasLimit || n < h.Limit) {
-			h.Limit, h.HasLimit = n, true
-		}
-	case "remaining":
-		if n, ok := headerCount(val); ok && (!h.HasRemaining || n < h.Remaining) {
-			h.Remaining, h.HasRemaining = n, true
-		}
-	case "reset":
-		if d, ok := headerSeconds(val, max); ok && (!h.HasReset || d > h.Reset) {
-			h.Reset, h.HasReset = d, true
-		}
-	}
-	return h
 }
 
 // parsePolicy reads a list of quota policies: RateLimit-Policy members such
@@ -268,45 +130,6 @@ func policyWindow(s string) (time.Duration, bool) {
 	}
 	w := time.Duration(whole)*time.Second + time.Duration(nanos)
 	return w, w > 0
-}
-
-// lowestCount reads counts such as X-RateLimit-Remaining, from every value
-// and every comma-separated member, and returns the lowest usable one.
-func lowestCount(values []string) (n int64, ok bool) {
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if c, usable := headerCount(part); usable && (!ok || c < n) {
-				n, ok = c, true
-			}
-		}
-	}
-	return n, ok
-}
-
-// largestReset reads X-RateLimit-Reset or RateLimit-Reset values by the
-// epoch-or-delay rule of resetFromNumber and returns the latest reset.
-func largestReset(values []string, now time.Time, max time.Duration) (d time.Duration, ok bool) {
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if r, usable := resetFromNumber(part, now, max); usable && (!ok || r > d) {
-				d, ok = r, true
-			}
-		}
-	}
-	return d, ok
-}
-
-// largestDelay reads delays in seconds such as X-RateLimit-Reset-After and
-// returns the longest, capped at max.
-func largestDelay(values []string, max time.Duration) (d time.Duration, ok bool) {
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if r, usable := headerSeconds(part, max); usable && (!ok || r > d) {
-				d, ok = r, true
-			}
-		}
-	}
-	return d, ok
 }
 
 // Thresholds of the epoch-or-delay rule for Reset headers.
