@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,6 +55,55 @@ func TestSharedCommandTimeoutPatience(t *testing.T) {
 	s.answered.Store(t0.UnixNano())
 	assert.Equal(t, 600*time.Millisecond, s.commandTimeout(t0.Add(2*answeredRecently)), "srtt + 4·rttvar")
 	assert.Equal(t, maxCommandWait, s.commandTimeout(t0), "patience times that, at most maxCommandWait")
+}
+
+// TestWithPatience: a command that overruns d is given up at d when
+// nothing else was answered meanwhile (a Redis that answers nobody), and
+// waited for, up to most, while other commands keep being answered (a
+// process short of cores, whose replies wait for the scheduler).
+func TestWithPatience(t *testing.T) {
+	const d, most = 40 * time.Millisecond, 400 * time.Millisecond
+	slow := func(reply time.Duration) func(context.Context) error {
+		return func(ctx context.Context) error {
+			select {
+			case <-time.After(reply):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	var answered atomic.Int64
+
+	// Nobody answered: given up at d.
+	start := time.Now()
+	err := withPatience(context.Background(), d, most, &answered, slow(time.Second))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), most/2, "given up at d, not at most")
+
+	// Others answered every 10 ms: the reply at 150 ms is waited for.
+	stop := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tick.C:
+				answered.Store(now.UnixNano())
+			}
+		}
+	}()
+	err = withPatience(context.Background(), d, most, &answered, slow(150*time.Millisecond))
+	assert.NoError(t, err, "waited for while others were answered")
+
+	// Still bounded by most.
+	start = time.Now()
+	err = withPatience(context.Background(), d, most, &answered, slow(time.Second))
+	close(stop)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), most+d, "never past most")
 }
 
 // TestSharedSlowAnswerIsNotAnOutage: a Redis that answers a little later

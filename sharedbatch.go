@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -502,18 +503,27 @@ func (s *shared) do(ctx context.Context, f func(context.Context) error) error {
 	return s.doWithin(ctx, s.commandTimeout(time.Now()), f)
 }
 
-// doWithin is do with the time d.
+// doWithin is do with the time d: and for as long again, up to
+// maxCommandWait in all, while Redis keeps answering the process's other
+// commands (see withPatience).
 func (s *shared) doWithin(ctx context.Context, d time.Duration, f func(context.Context) error) error {
 	sent := time.Now()
-	err := withTimeout(ctx, d, f)
+	err := withPatience(ctx, d, max(d, maxCommandWait), &processAnswered, f)
 	var rerr redis.Error
 	if err == nil || errors.As(err, &rerr) {
 		now := time.Now()
 		s.answered.Store(now.UnixNano())
+		processAnswered.Store(now.UnixNano())
 		s.rtt.observe(now.Sub(sent))
 	}
 	return err
 }
+
+// processAnswered is when (unix ns) the latest reply to any shared limiter
+// of the process came: while replies keep coming, a command that overruns
+// its timeout is the process's scheduler's delay, not Redis's silence
+// (see withPatience). A fleet of one limiter per process sees its own.
+var processAnswered atomic.Int64
 
 // rttEstimate is the smoothed round trip of the limiter's commands and its
 // variation, as TCP keeps them (RFC 6298): on a machine where the
@@ -579,6 +589,44 @@ func (s *shared) commandTimeout(now time.Time) time.Duration {
 		d = max(patience*s.cfg.timeout, min(patience*d, maxCommandWait))
 	}
 	return d
+}
+
+// withPatience runs f with a context that ends after most, and returns
+// when f does, or when d passes with no answer to any other command
+// (answered, unix ns of the latest, moved on since f was sent or since d
+// last passed): a Redis that answers nobody is given up after d, as before,
+// while one that answers others, slowly, is waited for. On a
+// machine short of cores (256 instances in one process on two), a burst of
+// commands waits for the scheduler rather than for Redis: every one of them
+// overran three times its timeout at the same instant, and 20 to 96 of the
+// instances fell back, each with its own bucket and controller, and the
+// fleet went over its bound or down to half its rate.
+func withPatience(ctx context.Context, d, most time.Duration, answered *atomic.Int64, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, most)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- f(ctx) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	armed := time.Now()
+	mark := armed.UnixNano()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case now := <-t.C:
+			// (A timer that fires late by half its time or more says the
+			// process was kept from running, not that Redis was silent.)
+			if answered.Load() <= mark && now.Sub(armed) < d+d/2 {
+				return context.DeadlineExceeded
+			}
+			armed = time.Now()
+			mark = armed.UnixNano()
+			t.Reset(d)
+		}
+	}
 }
 
 // withTimeout runs f with a context that ends after d, and returns when it

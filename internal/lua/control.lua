@@ -114,6 +114,32 @@ if ARGV[31] == '1' then
   redis.call('HSET', KEYS[1], 'parm', string.format('%.0f', now + tonumber(ARGV[23])))
 end
 
+-- A start-up collision: a refusal to a request sent in the key's first
+-- second (hist, its first grant) at the configured rate, that asks a wait
+-- of a second at most, while the fleet's refusals in the last second are
+-- few: no more than the burst (two for a pacer), or a tenth of the units
+-- granted. A fleet's instances open their connections together and their
+-- first requests land late, side by side; that says nothing of the limit,
+-- nor of the provider's shape. It lowers nothing and tells no shape, and
+-- while the shape is not known and the refusal carries a count, it holds
+-- the key a unit at the rate (from the end of the hold, when one is on: a
+-- unit for each such refusal) rather than for the Retry-After, rounded up
+-- to the second (a known shape holds as its shape says; a throttle that
+-- says nothing holds for its probe); the refused request still waits its
+-- own Retry-After. More refusals, or one after the first second, are heard
+-- as any other: a limit configured at twice the provider's is refused half
+-- its turns once its burst is gone. (Held for the second and lowered by
+-- beta, a fleet of 64 lost an eighth of a ten-second run to one collision
+-- at start; 256 instances draw one to fourteen such refusals in the first
+-- half second, and read as a window's, they held the fleet for a second.)
+local collision = false
+if exhausted and throttled and sent >= 0 and old >= configured and ra <= 1000000 then
+  local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
+  if hist and sent < hist + 1000000 then
+    local r = refusedLastSecond(KEYS[1], now) + 1 -- (this one is counted below)
+    collision = r <= math.max(2, burst) or r <= 0.1 * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
+  end
+end
 -- The shape, as the dialect says, or from a request sent after a
 -- "remaining 0" and before its reset.
 if tonumber(ARGV[20]) > 0 then
@@ -139,7 +165,7 @@ elseif shape == 0 and zat and zun and sent > zat and sent < zun then
       shape = 2
       redis.call('HDEL', KEYS[1], 'amb')
     end
-  elseif exhausted and throttled and rem == 0 and zunit > 0 and sent - zat >= zunit then
+  elseif exhausted and throttled and not collision and rem == 0 and zunit > 0 and sent - zat >= zunit then
     -- refused a unit's refill or more after the zero: no bucket, a window
     shape = 1
     redis.call('HDEL', KEYS[1], 'amb')
@@ -186,35 +212,13 @@ if exhausted and throttled then
   -- mark's measure counts, and the provider did not take it (see drain).
   if dra and sent >= dra then redis.call('HINCRBY', KEYS[1], 'drf', 1) end
 end
--- A start-up collision: a refusal to a request sent in the key's first
--- second (hist, its first grant) at the configured rate, that asks a wait
--- of a second at most, while the fleet's refusals in the last second are
--- few: two, or a tenth of the units granted. A fleet's instances open
--- their connections together and their first requests land late, side by
--- side; that says nothing of the limit. It lowers nothing, and when the
--- key's shape is not known yet and the refusal carries a count, it holds
--- the key a unit at the rate rather than for the Retry-After, rounded up
--- to the second (a known shape holds as its shape says; a throttle that
--- says nothing holds for its probe); the refused request still waits its
--- own Retry-After. More refusals, or one after the first second, are
--- heard as any other: a limit configured at twice the provider's is
--- refused half its turns once its burst is gone. (Held for the second and
--- lowered by beta, a fleet of 64 lost an eighth of a ten-second run to one
--- collision at start; 256 instances draw five to seven such refusals in
--- the first half second.)
-local collision = false
-if exhausted and throttled and sent >= 0 and old >= configured and ra <= 1000000 then
-  local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
-  if hist and sent < hist + 1000000 then
-    local r = refusedLastSecond(KEYS[1], now)
-    collision = r <= 2 or r <= 0.1 * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
-  end
-end
 if exhausted then
   local rateUnit = 1000000 / old
   local untilus
   if collision and shape == 0 and ARGV[22] ~= '1' then
-    untilus = now + rateUnit
+    -- a unit more for each such refusal: the provider had one unit less
+    -- than the fleet's bucket counted
+    untilus = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') or 0, now) + rateUnit
   elseif reset < 0 then
     if ra >= 0 then
       untilus = now + ra
