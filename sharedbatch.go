@@ -616,10 +616,10 @@ func withPatience(ctx context.Context, d, most time.Duration, answered *atomic.I
 			return err
 		case <-ctx.Done():
 			return ctx.Err()
-		case now := <-t.C:
-			// (A timer that fires late by half its time or more says the
+		case <-t.C:
+			// (A timer heard late by half its time or more says the
 			// process was kept from running, not that Redis was silent.)
-			if answered.Load() <= mark && now.Sub(armed) < d+d/2 {
+			if answered.Load() <= mark && time.Since(armed) < d+d/2 {
 				return context.DeadlineExceeded
 			}
 			armed = time.Now()
