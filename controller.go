@@ -98,6 +98,12 @@ type learnConfig struct {
 	beta       float64 // the decrease factor without an estimate
 	c          float64 // CUBIC's constant, relative to the aim: 1/s³
 	floor      float64 // the lowest discovered rate, units per second
+	// fleet: the controller of a shared limiter, whose instances' first
+	// requests may collide at start-up (see collides); burst is its usable
+	// burst in units, 0 for a pacer. (The fleet's controller runs in
+	// control.lua; this is its Go twin, run beside it on the same steps.)
+	fleet bool
+	burst float64
 }
 
 // ctlState is one key's controller state. The zero value is a key that
@@ -216,45 +222,11 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 	if hasQ {
 		st.start.narrow(&q, implied, s)
 	}
-	ev := classify(s, q, hasQ)
-	if hasQ && q.Kind != ResetKindUnknown {
-		st.shape = shape(q.Kind) // the dialect says what its reset means
-	} else {
-		st.learnShape(s, q, hasQ)
-	}
-	st.report(s, q, hasQ)
-	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
-	if s.Status != 0 && !s.throttled() {
-		st.drain.n++ // accepted: it took a unit from the provider's bucket
-	}
-	stormStarts, levelled := false, false
-	if ev == evExhausted && !hasQ {
-		probe, first := st.storm.after(s.SentAt, old)
-		if other, entered, _ := st.storm.notQuota(s, &st.meter, probe, first); other {
-			ev, stormStarts = evOther, entered
-			if entered {
-				// The decreases the storm caused were mistaken.
-				st.wmax, st.w0, st.climb, st.plateau = 0, 0, time.Time{}, 0
-				st.stopTrying()
-			}
-		}
-	}
-
+	ev, collision, stormStarts := st.hear(cfg, s, q, hasQ, old)
 	if cfg.advertise {
-		adv := s.advertised()
-		if measured := st.refill.observe(q, st.shape == shapeBucket); adv == 0 && hasQ {
-			adv = measured // a bucket that states no rate: its reports measure it
-		}
-		if adv > 0 {
-			st.advertised, st.advertisedUntil = adv, now.Add(advertisedTTL)
-			if adv < old {
-				// Throttles to requests sent before this lowering belong
-				// to the old rate: they lower nothing further.
-				st.decreased = now
-			}
-		}
+		st.believe(s, q, hasQ, old)
 	}
-	roomy := false
+	roomy, levelled := false, false
 	switch ev {
 	case evOther:
 		if s.RetryAfter > 0 {
@@ -269,39 +241,7 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 			levelled = st.counted(cfg, s, q, false, old)
 		}
 	case evExhausted:
-		// A bucket that says "nothing left" on a success (nothing once the
-		// requests in flight are counted) is empty now, or owes: the
-		// limiter empties its own (Decision.drain) rather than hold.
-		d.drain = st.shape == shapeBucket && !s.throttled()
-		if d.drain && hasQ {
-			d.keep = min(q.Remaining-float64(s.InFlight), 0)
-			levelled = st.counted(cfg, s, q, true, old)
-		}
-		// A hold only ever extends: Decision.Hold says it was.
-		if until := st.holdUntil(cfg, s, q, hasQ, old); until.After(st.hold) && until.After(now) {
-			st.hold, d.Hold = until, until
-			if !hasQ {
-				k, gap := st.storm.probing(now, until, cfg.floor)
-				st.storm.held(now, until, k, gap)
-			}
-		}
-		if s.RetryAfter > 0 {
-			d.NotBefore = now.Add(s.RetryAfter)
-		}
-		// An advertised limit is believed: a throttle at it holds the key
-		// and lowers nothing (discovery is for limits nobody states).
-		advertised := st.advertised > 0 && now.Before(st.advertisedUntil)
-		if s.throttled() && cfg.discover && !advertised && (st.decreased.IsZero() || s.SentAt.After(st.decreased)) {
-			if st.triesBack(s.SentAt) && s.SentAt.Before(st.back.Add(sustained)) {
-				st.backOff(now)
-			} else {
-				var b bounds
-				if hasQ && st.shape == shapeBucket {
-					b.lo, b.hi, b.ok = bucketBounds(q)
-				}
-				st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor), b)
-			}
-		}
+		levelled = st.exhausted(cfg, s, q, hasQ, old, collision, &d)
 	}
 	d.from, d.to = old, st.rate(cfg, now)
 	if new := d.to; new != old {
@@ -323,6 +263,136 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		}
 	}
 	return d
+}
+
+// hear records what s says of the key (its quota q, when hasQ), the key
+// being at rate old: its evidence, the provider's shape, the report's
+// budget, the key's meter and the storm. It returns the evidence (a
+// throttle a storm explains is evOther), whether s is a start-up collision
+// (see collides), and whether a storm starts with it.
+func (st *ctlState) hear(cfg *learnConfig, s *Signal, q Quota, hasQ bool, old float64) (ev evidence, collision, stormStarts bool) {
+	ev = classify(s, q, hasQ)
+	collision = cfg.fleet && st.collides(cfg, s, ev, old)
+	if hasQ && q.Kind != ResetKindUnknown {
+		st.shape = shape(q.Kind) // the dialect says what its reset means
+	} else {
+		st.learnShape(s, q, hasQ, collision)
+	}
+	st.report(s, q, hasQ)
+	st.meter.add(s.SentAt, ev == evExhausted && s.throttled(), s.Status != 0 && !s.throttled())
+	if s.Status != 0 && !s.throttled() {
+		st.drain.n++ // accepted: it took a unit from the provider's bucket
+	}
+	if ev == evExhausted && !hasQ {
+		probe, first := st.storm.after(s.SentAt, old)
+		if other, entered, _ := st.storm.notQuota(s, &st.meter, probe, first); other {
+			ev, stormStarts = evOther, entered
+			if entered {
+				// The decreases the storm caused were mistaken.
+				st.wmax, st.w0, st.climb, st.plateau = 0, 0, time.Time{}, 0
+				st.stopTrying()
+			}
+		}
+	}
+	return ev, collision, stormStarts
+}
+
+// believe takes the limit s advertises (or, for a bucket that states no
+// rate, the refill its reports measure) as the key's, for advertisedTTL;
+// the key is at rate old.
+func (st *ctlState) believe(s *Signal, q Quota, hasQ bool, old float64) {
+	adv := s.advertised()
+	if measured := st.refill.observe(q, st.shape == shapeBucket); adv == 0 && hasQ {
+		adv = measured // a bucket that states no rate: its reports measure it
+	}
+	if adv > 0 {
+		st.advertised, st.advertisedUntil = adv, s.Now.Add(advertisedTTL)
+		if adv < old {
+			// Throttles to requests sent before this lowering belong
+			// to the old rate: they lower nothing further.
+			st.decreased = s.Now
+		}
+	}
+}
+
+// exhausted decides, into d, on s that says the key's quota is exhausted
+// (its quota q, when hasQ; the key at rate old): a bucket's drain, the
+// hold, the request's own wait, and discovery's decrease (none for a
+// start-up collision). It reports whether a bucket's count levelled the
+// climb off (see counted).
+func (st *ctlState) exhausted(cfg *learnConfig, s *Signal, q Quota, hasQ bool, old float64, collision bool, d *Decision) (levelled bool) {
+	now := s.Now
+	// A bucket that says "nothing left" on a success (nothing once the
+	// requests in flight are counted) is empty now, or owes: the
+	// limiter empties its own (Decision.drain) rather than hold.
+	d.drain = st.shape == shapeBucket && !s.throttled()
+	if d.drain && hasQ {
+		d.keep = min(q.Remaining-float64(s.InFlight), 0)
+		levelled = st.counted(cfg, s, q, true, old)
+	}
+	// A hold only ever extends: Decision.Hold says it was.
+	if until := st.holdUntil(cfg, s, q, hasQ, old, collision); until.After(st.hold) && until.After(now) {
+		st.hold, d.Hold = until, until
+		if !hasQ {
+			k, gap := st.storm.probing(now, until, cfg.floor)
+			st.storm.held(now, until, k, gap)
+		}
+	}
+	if s.RetryAfter > 0 {
+		d.NotBefore = now.Add(s.RetryAfter)
+	}
+	// An advertised limit is believed: a throttle at it holds the key
+	// and lowers nothing (discovery is for limits nobody states).
+	advertised := st.advertised > 0 && now.Before(st.advertisedUntil)
+	if !s.throttled() || !cfg.discover || advertised || collision || !(st.decreased.IsZero() || s.SentAt.After(st.decreased)) {
+		return levelled
+	}
+	if st.triesBack(s.SentAt) && s.SentAt.Before(st.back.Add(sustained)) {
+		st.backOff(now)
+		return levelled
+	}
+	var b bounds
+	if hasQ && st.shape == shapeBucket {
+		b.lo, b.hi, b.ok = bucketBounds(q)
+	}
+	st.decrease(cfg, now, old, !hasQ, s.HasRetryAfter && s.RetryAfter > probeGap(cfg.floor), b)
+	return levelled
+}
+
+// collides reports whether the refusal s, to a key at rate, is a start-up
+// collision of a fleet: a refusal to a request sent in the key's first
+// second (from its first grant) at the configured rate, that asks a wait
+// of a second at most, while the refusals of the last second (this one
+// too) are few: no more than the burst (two for a pacer), or a tenth of the
+// units granted in that second. A fleet's instances open their connections
+// together and their first requests land late, side by side; that says
+// nothing of the limit, nor of the provider's shape. Such a refusal lowers
+// nothing and tells no shape (learnShape), and while the shape is not
+// known and the refusal carries a count, it holds the key a unit at the
+// rate (holdUntil) rather than for the Retry-After; the refused request
+// still waits its own Retry-After. More refusals, or one after the first
+// second, are heard as any other: a limit configured at twice the
+// provider's is refused half its turns once its burst is gone. (Held for
+// the second and lowered by beta, a fleet of 64 lost an eighth of a
+// ten-second run to one collision at start; 256 instances draw one to
+// fourteen such refusals in the first half second, and read as a window's,
+// they held the fleet for a second.)
+//
+// control.lua applies the rule to the fleet; the grants it counts are its
+// ring's, by slots of 10 ms, where these are the last 32 grants of
+// sendPace (fewer than the units granted when more went in the second: a
+// stricter test).
+func (st *ctlState) collides(cfg *learnConfig, s *Signal, ev evidence, rate float64) bool {
+	first := st.sent.first
+	if ev != evExhausted || !s.throttled() || s.SentAt.IsZero() || rate < cfg.configured ||
+		s.HasRetryAfter && s.RetryAfter > time.Second ||
+		first == 0 || s.SentAt.UnixNano() >= first+int64(time.Second) {
+		return false
+	}
+	_, ref := st.meter.lastSecond(s.Now)
+	r := float64(ref) + 1 // this one, which the meter counts next
+	to := s.Now.UnixNano()
+	return r <= max(2, cfg.burst) || r <= 0.1*st.sent.units(max(to-int64(time.Second), first), to)
 }
 
 // classify reads what a signal means for the key, q being its most
@@ -357,8 +427,9 @@ func classify(s *Signal, q Quota, hasQ bool) evidence {
 // window. Otherwise a window is known only from its dialect (Quota.Kind);
 // until then the key is held as holdUntil says of an unknown shape. Without
 // a zero, a quota the key's meter shows outpaced (meter.outpaced) is a
-// bucket too. A shape learnt is kept.
-func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
+// bucket too. A shape learnt is kept. A start-up collision tells nothing
+// (see collides).
+func (st *ctlState) learnShape(s *Signal, q Quota, hasQ, collision bool) {
 	if st.shape == shapeUnknown && hasQ && st.meter.outpaced(s.Now, q) {
 		st.shape, st.ambiguous = shapeBucket, 0
 		st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
@@ -388,7 +459,7 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 			}
 		}
 		st.shape, st.ambiguous = shapeBucket, 0
-	case s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther &&
+	case s.throttled() && hasQ && q.Remaining == 0 && s.Scope != ScopeOther && !collision &&
 		st.zeroUnit > 0 && s.SentAt.Sub(st.zeroAt) >= st.zeroUnit:
 		// Refused a unit's refill or more (the reset over the limit, the
 		// slowest a bucket that states them can refill) after it said
@@ -404,9 +475,15 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ bool) {
 // through NotBefore); a shape not yet known for the Retry-After, or briefly
 // (probeHold) when there is none, so that the next request tells; a
 // throttle with no count at all for its Retry-After, or one unit. rate is
-// the key's rate in units per second.
-func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, rate float64) time.Time {
+// the key's rate in units per second. A start-up collision with a count,
+// while the shape is not known, holds the key a unit more (see collides).
+func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, rate float64, collision bool) time.Time {
 	now := s.Now
+	if collision && hasQ && st.shape == shapeUnknown {
+		// A unit more for each such refusal: the provider had one unit
+		// less than the limiter counted.
+		return maxTime(st.hold, now).Add(time.Duration(float64(time.Second) / rate))
+	}
 	if !hasQ || !q.HasReset {
 		if s.HasRetryAfter {
 			return now.Add(s.RetryAfter)
@@ -779,6 +856,18 @@ func (p *sendPace) add(t time.Time, cost int) {
 	}
 	p.at[p.next], p.cost[p.next] = ns, int32(min(cost, math.MaxInt32))
 	p.next = (p.next + 1) % len(p.at)
+}
+
+// units returns the units of the recorded requests granted from from to
+// to (Unix nanoseconds, both included).
+func (p *sendPace) units(from, to int64) float64 {
+	u := 0.0
+	for i, t := range p.at {
+		if t != 0 && t >= from && t <= to {
+			u += float64(p.cost[i])
+		}
+	}
+	return u
 }
 
 // rate returns the rate the key's requests went at as of now, when its

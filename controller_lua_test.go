@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -47,7 +48,7 @@ func TestLuaMatchesGo(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil, "@").Result() }
 
 	t.Run("cubic", func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
@@ -464,7 +465,10 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 // the decrease; sped all along, the configured 100).
 func TestSharedBucketRoomNeedsTheRate(t *testing.T) {
 	l, cfg, goSt, learn := sharedBesideGo(t, "keepup", false)
-	agedKey(t, l.shared, "k") // the Go controller knows no start-up collision
+	// In use for two seconds, in the fleet and in the Go: the refusal
+	// below is no start-up collision.
+	agedKey(t, l.shared, "k")
+	goSt.sent.first = time.Now().Add(-2 * time.Second).UnixNano()
 	// At the configured rate first, counts with room: nothing to climb.
 	sendCounted(t, l, cfg, goSt, learn, 300*time.Millisecond, 1, 9)
 	refusal := roomCount(time.Now(), 429, 0)
@@ -539,7 +543,7 @@ func TestLuaMeasuresAnEmptyBucket(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil, "@").Result() }
 	const turns, refused, span = 35, 10, 500 * time.Millisecond
 	mark := drainMark{at: ctlEpoch, rem: 0, n: turns - refused}
 	est, measured := mark.refills(ctlEpoch.Add(span), 0)
@@ -624,18 +628,19 @@ func TestSharedEstimateGoesAtMostBetaTwice(t *testing.T) {
 // TestSharedControllerSteps runs the controller's step tables through a
 // SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The
-// script reads the server's clock, so each step is sent at its time (the
-// tables span at most a third of a second) and holds are compared to a
-// few milliseconds. One difference is by design: a success saying
-// "remaining 0" from a provider known to refill continuously holds the key
-// for one unit in the Go, and not at all in the fleet (a Redis round trip
-// per response would cost more than the unit it waits).
+// limiter and its script run on one fake clock with the Go controller
+// (onClock), so holds agree to the microsecond (the script's unit). One
+// difference is by design: a success saying "remaining 0" from a provider
+// known to refill continuously holds the key for one unit in the Go, and
+// not at all in the fleet (a Redis round trip per response would cost more
+// than the unit it waits).
 func TestSharedControllerSteps(t *testing.T) {
 	srv := redistest.Start(t)
-	const tolerance = 40 * time.Millisecond
 	for i, tc := range ctlTables() {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+			start := time.Now().Truncate(time.Microsecond) // the script's keys expire on Redis's own clock
+			fc := clock.NewFake(start)
+			opts := []SharedOption{WithCommandTimeout(roomyTimeout), onClock(fc)}
 			for _, o := range tc.opts {
 				opts = append(opts, o)
 			}
@@ -643,16 +648,24 @@ func TestSharedControllerSteps(t *testing.T) {
 			l := newSharedTB(t, rdb, fmt.Sprintf("steps%d", i), PerSecond(100), 10, opts...)
 			var goSt ctlState
 			goCfg := l.learn
-			start := time.Now()
+			require.True(t, goCfg.fleet, "the fleet's controller")
+			require.InDelta(t, ctlBurst, goCfg.burst, 1, "the usable burst, about the tables'")
 			for j, step := range tc.steps {
-				if d := time.Until(start.Add(step.at)); d > 0 {
-					time.Sleep(d)
-				}
 				s := *step.signal()
-				now := time.Now()
-				s.SentAt, s.Now = now.Add(step.sent-step.at), now
+				s.SentAt, s.Now = start.Add(step.sent), start.Add(step.at)
+				if step.granted > 0 {
+					// Granted through the script, at their time.
+					require.False(t, s.SentAt.Before(fc.Now()), "step %d: granted before the step before it", j)
+					fc.Advance(s.SentAt.Sub(fc.Now()))
+					for range step.granted {
+						_, err := l.Wait(context.Background(), "k", 1, 0)
+						require.NoError(t, err, "step %d: granted", j)
+					}
+				}
+				fc.Advance(s.Now.Sub(fc.Now()))
+				now := s.Now
 				bucketBefore := goSt.shape == shapeBucket
-				goSt.storm.space(s.SentAt, s.SentAt) // the limiter granted it then (see storm)
+				step.grant(&goSt, &goCfg, s.SentAt)
 				if probe, _ := goSt.storm.after(s.SentAt, goSt.rate(&goCfg, now)); probe {
 					// The fleet's probes are the turns the script tells as
 					// probes (TestProbesAfterAHold): as if this one had been.
@@ -662,23 +675,18 @@ func TestSharedControllerSteps(t *testing.T) {
 				}
 				want := goSt.learn(&goCfg, &s)
 				got := l.Learn(context.Background(), "k", s)
-				took := time.Since(now) // the script runs on Redis's clock, up to took after now
 				require.NoError(t, got.Err, "step %d", j)
 
 				if (bucketBefore || step.kind == ResetKindBucket) && !s.throttled() {
 					assert.True(t, got.Hold.IsZero(), "step %d: the fleet does not hold a bucket for a unit", j)
-				} else if want.Hold.IsZero() {
-					assert.True(t, got.Hold.IsZero(), "step %d: no hold, got %v", j, got.Hold.Sub(now))
 				} else {
-					require.False(t, got.Hold.IsZero(), "step %d: a hold of %v", j, want.Hold.Sub(now))
-					assert.GreaterOrEqual(t, got.Hold.Sub(now), want.Hold.Sub(now)-tolerance, "step %d: hold", j)
-					assert.LessOrEqual(t, got.Hold.Sub(now), want.Hold.Sub(now)+took+tolerance, "step %d: hold", j)
+					assert.WithinDuration(t, want.Hold, got.Hold, time.Microsecond, "step %d: hold", j)
 				}
 				assert.Equal(t, want.NotBefore.IsZero(), got.NotBefore.IsZero(), "step %d: not before", j)
 				assert.Equal(t, want.Why, got.Why, "step %d: why", j)
 				if got.Why != "" || !got.Hold.IsZero() {
 					// The instance knows the rate the script last told it.
-					assert.InDelta(t, goSt.rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1, "step %d: rate", j)
+					assert.InDelta(t, goSt.rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1e-6, "step %d: rate", j)
 				}
 				// The climb's plateau (plateauFor), as the script keeps it.
 				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyID("k"))[2], "pl").Float64()
@@ -686,7 +694,7 @@ func TestSharedControllerSteps(t *testing.T) {
 					pl, err = 0, nil
 				}
 				require.NoError(t, err, "step %d", j)
-				assert.InDelta(t, goSt.plateau, pl, 0.05, "step %d: plateau", j)
+				assert.InDelta(t, goSt.plateau, pl, 1e-6, "step %d: plateau", j)
 				l.mu.Lock()
 				lr := l.learnt.m[keyID("k")]
 				l.mu.Unlock()
@@ -798,7 +806,7 @@ func TestLuaDrainMarkMatchesGo(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil, "@").Result() }
 	type count struct {
 		at  time.Duration
 		rem float64
@@ -850,7 +858,7 @@ func TestLuaRingMovesWithTheTurns(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil).Result() }
+	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil, "@").Result() }
 	ring := `redis.call('DEL', 'rg')
 local base = math.floor(now / ringSlot) * ringSlot - 1000000
 redis.call('HSET', 'rg', 'hist', string.format('%.0f', base - 100000))

@@ -146,6 +146,18 @@ type sig struct {
 	kind      ResetKind
 	inFlight  int     // the other requests of the key in flight when it was read
 	quota     float64 // the quota's limit, stated without a window; 0 for none
+	granted   int     // the requests the limiter granted at sent, this one among them (0: as if it had, see storm)
+}
+
+// grant has the limiter of st grant the step's requests at sent, or, when
+// it says none, marks this one granted then (see storm).
+func (s sig) grant(st *ctlState, cfg *learnConfig, sent time.Time) {
+	if s.granted == 0 {
+		st.storm.space(sent, sent)
+	}
+	for range s.granted {
+		st.spend(sent, sent, 1, st.rate(cfg, sent))
+	}
 }
 
 func (s sig) signal() *Signal {
@@ -188,6 +200,13 @@ func withQuota(s sig, remaining float64, reset time.Duration) sig {
 	return s
 }
 
+// granting is s, whose request was one of n the limiter granted at its
+// sent time.
+func granting(s sig, n int) sig {
+	s.granted = n
+	return s
+}
+
 // want is a step's expected decision; offsets from ctlEpoch, 0 for none.
 type want struct {
 	hold, notBefore time.Duration
@@ -198,13 +217,18 @@ type want struct {
 }
 
 // ctlTable is a recorded response sequence and the decisions it must get,
-// for a limiter at 100/s with opts.
+// for a limiter at 100/s with opts; fleet: a shared limiter's, with a
+// burst of ctlBurst (learnConfig.fleet).
 type ctlTable struct {
 	name  string
 	opts  []LearnOption
+	fleet bool
 	steps []sig
 	wants []want
 }
+
+// ctlBurst is the burst of the fleet's tables.
+const ctlBurst = 10
 
 // ctlTables are the controller's rules, one table each; TestControllerSteps
 // runs them through the Go, TestSharedControllerSteps through the script.
@@ -216,6 +240,20 @@ func ctlTables() []ctlTable {
 			name:  "a 429 with no count holds the key for its Retry-After and lowers the rate by beta",
 			steps: []sig{throttle(0, 0, 2*s)},
 			wants: []want{{hold: 2 * s, notBefore: 2 * s, rate: 70, why: "throttled"}},
+		},
+		{
+			name:  "a start-up collision: refusals in the fleet's first second, at its rate, hold the key a unit each and lower nothing; after it, a refusal is heard as any",
+			fleet: true,
+			steps: []sig{
+				granting(withQuota(throttle(50*ms, 0, s), 0, s), 3), // with the key's first grants
+				withQuota(throttle(55*ms, 0, s), 0, s),
+				granting(withQuota(throttle(1250*ms, 1200*ms, s), 0, s), 1),
+			},
+			wants: []want{
+				{hold: 60 * ms, notBefore: 1050 * ms},
+				{hold: 70 * ms, notBefore: 1055 * ms},
+				{hold: 2250 * ms, notBefore: 2250 * ms, rate: 70, why: "throttled"},
+			},
 		},
 		{
 			name:  "a 429 whose count shows quota left delays only its request",
@@ -711,10 +749,13 @@ func TestControllerSteps(t *testing.T) {
 			}
 			cfg, err := learnSettings("test", PerSecond(100), o)
 			require.NoError(t, err)
+			if tc.fleet {
+				cfg.fleet, cfg.burst = true, ctlBurst
+			}
 			var st ctlState
 			for i, step := range tc.steps {
 				s := step.signal()
-				st.storm.space(s.SentAt, s.SentAt) // the limiter granted it then (see storm)
+				step.grant(&st, &cfg, s.SentAt)
 				d := st.learn(&cfg, s)
 				w := tc.wants[i]
 				at := func(off time.Duration) time.Time {

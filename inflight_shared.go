@@ -267,7 +267,7 @@ func (s *SharedInFlightLimit) try(id, lease string) (bool, time.Duration, error)
 	var reply []int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		reply, err = s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(min(s.live, s.lease))).Int64Slice()
+		reply, err = runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(min(s.live, s.lease))).Int64Slice()
 		return err
 	})
 	if err != nil {
@@ -312,7 +312,7 @@ func (s *SharedInFlightLimit) release(id, lease string) {
 func (s *SharedInFlightLimit) releaseAll(id string, leases ...string) error {
 	args := append([]any{"release", s.channel(), id}, anys(leases)...)
 	return s.do(func(ctx context.Context) error {
-		return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, args...).Err()
+		return runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, args...).Err()
 	})
 }
 
@@ -466,7 +466,7 @@ func (s *SharedInFlightLimit) beat() {
 	var n int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		n, err = s.beating.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 1).Int64()
+		n, err = runScript(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 1).Int64()
 		return err
 	})
 	if err != nil {
@@ -507,7 +507,7 @@ func (s *SharedInFlightLimit) renew() {
 		var reply []int64
 		err := s.do(func(ctx context.Context) error {
 			var err error
-			reply, err = s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, append([]any{"renew"}, anys(pairs)...)...).Int64Slice()
+			reply, err = runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"renew"}, anys(pairs)...)...).Int64Slice()
 			return err
 		})
 		if err == nil && len(reply) == 2 && reply[0] < int64(len(pairs)/2) {
@@ -532,7 +532,7 @@ func (s *SharedInFlightLimit) adopt() {
 // are held in Redis, and those released meanwhile are removed again.
 func (s *SharedInFlightLimit) restore(id string, pairs []string) {
 	err := s.do(func(ctx context.Context) error {
-		return s.slots.Run(ctx, s.rdb, []string{s.slotsKey(id)}, append([]any{"adopt"}, anys(pairs)...)...).Err()
+		return runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"adopt"}, anys(pairs)...)...).Err()
 	})
 	if err != nil {
 		return // next time
@@ -632,7 +632,7 @@ func (s *SharedInFlightLimit) Close() error {
 			errs = append(errs, s.releaseAll(id, leases...))
 		}
 		errs = append(errs, s.do(func(ctx context.Context) error {
-			return s.beating.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 0).Err()
+			return runScript(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 0).Err()
 		}))
 		if e := errors.Join(errs...); e != nil {
 			err = fmt.Errorf("egress: shared in-flight limit %s: close: %w", s.name, e)

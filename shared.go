@@ -71,6 +71,7 @@ func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst 
 	}
 	s.shape, s.burst, s.capacity, s.depth = "tb", burst, burst, -1
 	s.usable = float64(burst) - jitterMargin(r, burst, s.cfg.learn.transitMargin())
+	s.learn.burst = s.usable
 	s.local = func(share Rate) Limiter { return s.fallbackBucket(share) }
 	s.start()
 	return &SharedTokenBucket{s}, nil
@@ -110,6 +111,7 @@ type sharedConfig struct {
 	onFallback   func(name string, active bool, err error)
 	heartbeat    time.Duration
 	learn        learnOptions
+	clock        clock.Clock // nil: the real one (tests give a fake one)
 	errs         []error
 }
 
@@ -378,12 +380,13 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 	if err != nil {
 		return nil, err
 	}
+	lc.fleet = true // (its burst: the usable one, once known)
 	var id [8]byte
 	rand.Read(id[:])
 	s := &shared{
 		rdb: rdb, name: name, rate: r, cfg: cfg, id: hex.EncodeToString(id[:]),
 		learn:           lc,
-		clock:           clock.Real{},
+		clock:           cfg.clock,
 		coalesce:        true,
 		reserveScript:   redis.NewScript(lua.Reserve),
 		controlScript:   redis.NewScript(lua.Control),
@@ -395,8 +398,28 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		stop:            make(chan struct{}),
 		done:            make(chan struct{}),
 	}
+	if s.clock == nil {
+		s.clock = clock.Real{}
+	}
 	s.live.Store(1)
 	return s, nil
+}
+
+// runScript runs one of the scripts of internal/lua with the time as its
+// last argument (see scriptNow).
+func runScript(ctx context.Context, c redis.Scripter, clk clock.Clock, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	return script.Run(ctx, c, keys, append(args, scriptNow(clk))...)
+}
+
+// scriptNow is the time argument of a script (lua.Now): the Redis
+// server's clock, unless clk is a clock of a test's own (a fake one), whose
+// time the script then takes as its now: the test runs the script and its
+// Go twin on the same instants. A nil clk is the server's.
+func scriptNow(clk clock.Clock) string {
+	if _, real := clk.(clock.Real); real || clk == nil {
+		return lua.Now(true, time.Time{})
+	}
+	return lua.Now(false, clk.Now())
 }
 
 // keyID names a caller's key in Redis: a hash, so that no key can reach
@@ -600,7 +623,7 @@ func (s *shared) Close() error {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
 	err := s.do(context.Background(), func(ctx context.Context) error {
-		return s.heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
+		return runScript(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
 	})
 	if err != nil {
 		// The instance's heartbeat expires on its own (instanceTTL).
@@ -698,7 +721,7 @@ func (s *shared) beat() {
 	var n int64
 	err := s.do(context.Background(), func(ctx context.Context) error {
 		var err error
-		n, err = s.heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1).Int64()
+		n, err = runScript(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1).Int64()
 		return err
 	})
 	if err != nil {

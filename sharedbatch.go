@@ -383,7 +383,7 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 			reply, err = s.reserveBeating(ctx, id, args)
 			return err
 		}
-		reply, err = s.reserveScript.Run(ctx, s.rdb, s.redisKeys(id), args...).Result()
+		reply, err = runScript(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
 		return err
 	})
 	if err != nil {
@@ -417,14 +417,15 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 // heartbeat changes nothing: the reservation's result decides.
 func (s *shared) reserveBeating(ctx context.Context, id string, args []any) (any, error) {
 	pipe := s.rdb.Pipeline()
-	rc := s.reserveScript.EvalSha(ctx, pipe, s.redisKeys(id), args...)
-	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1)
+	now := scriptNow(s.clock)
+	rc := s.reserveScript.EvalSha(ctx, pipe, s.redisKeys(id), append(args, now)...)
+	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1, now)
 	_, _ = pipe.Exec(ctx)
 	if n, err := hc.Int64(); err == nil {
 		s.beaten(n)
 	}
 	if err := rc.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return s.reserveScript.Run(ctx, s.rdb, s.redisKeys(id), args...).Result()
+		return runScript(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
 	}
 	return rc.Result()
 }

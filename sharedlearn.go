@@ -153,93 +153,15 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	}
 	ctx = context.WithoutCancel(ctx)
 	id := keyID(key)
-	q, implied, hasQ := sig.requestQuota()
-	ev := classify(&sig, q, hasQ)
-	adv := 0.0
-	if s.learn.advertise {
-		adv = sig.advertised()
-	}
-	accepted := sig.Status >= 200 && sig.Status < 300
-
-	s.mu.Lock()
-	now := s.clock.Now()
-	l, ok := s.learnt.get(id, now)
-	if !ok {
-		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
-		s.learnt.put(id, l)
-	}
-	if hasQ {
-		l.start.narrow(&q, implied, &sig)
-	}
-	// More than twice the limit accepted in the last second, by this
-	// instance alone: a bucket (see meter.outpaced). The script is told as
-	// a dialect would tell it.
-	seenBucket := l.shape == shapeUnknown && hasQ && q.Kind == ResetKindUnknown && l.meter.outpaced(sig.Now, q)
-	if seenBucket {
-		q.Kind = ResetKindBucket
-		l.shape = shapeBucket
-	}
-	l.meter.add(sig.SentAt, ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
-	// A hold heard from the fleet counts as this instance's own: the
-	// probes after it tell a storm apart as well.
-	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
-		l.storm.held(pm.heard, pm.until, pm.probes, probeGap(s.learn.floor))
-	}
-	stormStarts, sign := false, false
-	if ev == evExhausted && !hasQ {
-		// A probe is one the script told as one (the fleet's probes are
-		// parted in Redis, whatever this instance heard of the hold); the
-		// first requests after a hold, by time.
-		probe := l.probe(sig.SentAt, s.learn.floor)
-		_, first := l.storm.after(sig.SentAt, l.rate)
-		var other bool
-		if other, stormStarts, sign = l.storm.notQuota(&sig, &l.meter, probe, first); other {
-			ev = evOther
-		}
-	}
-	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
-		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
-	}
-	if s.learn.advertise {
-		if measured := l.refill.observe(q, l.shape == shapeBucket); adv == 0 && hasQ {
-			adv = measured // a bucket that states no rate: its reports measure it (see refill)
-		}
-	}
-	est, hasEst := l.meter.estimate(now, l.rate)
-	rep := s.budgetReportOf(&sig, q, hasQ, l.shape)
-	call := false
-	switch ev {
-	case evOther:
-		call = stormStarts // the decreases the storm caused were mistaken: undo them
-	case evExhausted:
-		// A bucket refills continuously: a "remaining 0" it answers a
-		// success with holds for one unit only, which the rate does anyway.
-		call = sig.throttled() || (l.shape != shapeBucket && q.Kind != ResetKindBucket)
-	case evNone:
-		call = (adv > 0 && !(l.advertised == adv && now.Sub(l.wrote) < advertisedTTL/2)) ||
-			(accepted && l.shape == shapeUnknown && q.Kind == ResetKindUnknown &&
-				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
-	}
-	call = call || seenBucket
-	if call {
-		l.report = nil // this call carries the latest
-	} else if rep != nil {
-		l.report = rep // for the next reservation
-	}
-	s.mu.Unlock()
-
+	h := s.record(id, &sig)
 	var d Decision
-	if (ev == evOther || ev == evExhausted) && sig.RetryAfter > 0 {
+	if (h.ev == evOther || h.ev == evExhausted) && sig.RetryAfter > 0 {
 		d.NotBefore = sig.Now.Add(sig.RetryAfter)
 	}
-	if !call {
+	if !h.call {
 		return d
 	}
-	if !hasEst {
-		est = 0
-	}
-	c, err := s.control(ctx, id, &sig, ev, q, hasQ, adv, est, rep, sign)
-	old, new := c.old, c.new
+	c, err := s.control(ctx, id, &sig, h.ev, h.q, h.hasQ, h.adv, h.est, h.rep, h.sign)
 	if err != nil {
 		d.Err = fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
 		s.failed(err)
@@ -250,35 +172,15 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		}
 		return d
 	}
-	now = s.clock.Now()
-	if c.held > 0 {
-		d.Hold = now.Add(c.held)
-		s.heard(id, pauseMark{until: d.Hold, heard: now, probes: c.probes, end: c.end})
-	}
-	s.mu.Lock()
-	l = s.seenLocked(id, new, now)
-	l.shape = c.shape
-	if c.stormy && !now.Before(l.storm.until) {
-		l.storm.until = now.Add(stormTTL) // another instance saw the storm
-	}
-	if c.held > 0 && c.probes > 0 {
-		l.storm.held(sig.Now, d.Hold, c.probes, probeGap(s.learn.floor))
-	}
-	if hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
-		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
-	}
-	if adv > 0 {
-		l.advertised, l.wrote = adv, now
-	}
-	s.mu.Unlock()
-	if old != new {
+	d.Hold = s.controlledLearn(id, &sig, &h, c)
+	if old, new := c.old, c.new; old != new {
 		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
 		switch {
-		case stormStarts:
+		case h.stormStarts:
 			d.Why = "storm"
-		case new < old && ev == evExhausted && sig.throttled():
+		case new < old && h.ev == evExhausted && sig.throttled():
 			d.Why = "throttled"
-		case new < old && ev == evExhausted && adv == 0:
+		case new < old && h.ev == evExhausted && h.adv == 0:
 			// Levelled off: the provider's count showed no room (a level
 			// the script decides on a count carried by a reservation is
 			// not told: there is no Decision).
@@ -286,6 +188,142 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		}
 	}
 	return d
+}
+
+// heardSignal is what Learn heard in a signal before the script's call.
+type heardSignal struct {
+	ev       evidence
+	q        Quota // the most restrictive request quota, when hasQ
+	hasQ     bool
+	adv, est float64       // the limit advertised (or measured), and the meter's estimate; 0 for none
+	rep      *budgetReport // the count that sets the key's budget; nil for none
+	// stormStarts: a storm starts with the signal; sign: the signal is a
+	// sign of one (see storm.notQuota); call: the script must hear it now.
+	stormStarts, sign, call bool
+}
+
+// record keeps sig in the key's learnt state (this instance's meter, the
+// storm's probes, the shape a dialect or the meter tells) and returns what
+// the script must be told, and whether now (a reservation carries a report
+// that need not be told at once).
+func (s *shared) record(id string, sig *Signal) heardSignal {
+	var h heardSignal
+	q, implied, hasQ := sig.requestQuota()
+	h.ev, h.hasQ = classify(sig, q, hasQ), hasQ
+	if s.learn.advertise {
+		h.adv = sig.advertised()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	l, ok := s.learnt.get(id, now)
+	if !ok {
+		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
+		s.learnt.put(id, l)
+	}
+	if hasQ {
+		l.start.narrow(&q, implied, sig)
+	}
+	// More than twice the limit accepted in the last second, by this
+	// instance alone: a bucket (see meter.outpaced). The script is told as
+	// a dialect would tell it.
+	seenBucket := l.shape == shapeUnknown && hasQ && q.Kind == ResetKindUnknown && l.meter.outpaced(sig.Now, q)
+	if seenBucket {
+		q.Kind = ResetKindBucket
+		l.shape = shapeBucket
+	}
+	l.meter.add(sig.SentAt, h.ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
+	s.hearStorm(id, l, sig, &h, now)
+	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
+		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
+	}
+	if s.learn.advertise {
+		if measured := l.refill.observe(q, l.shape == shapeBucket); h.adv == 0 && hasQ {
+			h.adv = measured // a bucket that states no rate: its reports measure it (see refill)
+		}
+	}
+	if est, ok := l.meter.estimate(now, l.rate); ok {
+		h.est = est
+	}
+	h.q, h.rep = q, s.budgetReportOf(sig, q, hasQ, l.shape)
+	h.call = s.mustCall(l, sig, &h, now) || seenBucket
+	if h.call {
+		l.report = nil // this call carries the latest
+	} else if h.rep != nil {
+		l.report = h.rep // for the next reservation
+	}
+	return h
+}
+
+// hearStorm tells whether sig, when a throttle without counts, is a
+// storm's (into h), the key's learnt state being l: as the Go controller's
+// storm.notQuota does. A hold heard from the fleet counts as this
+// instance's own: the probes after it tell a storm apart as well. A probe
+// is one the script told as one (the fleet's probes are parted in Redis,
+// whatever this instance heard of the hold); the first requests after a
+// hold, by time. Called with s.mu held.
+func (s *shared) hearStorm(id string, l *learntRate, sig *Signal, h *heardSignal, now time.Time) {
+	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
+		l.storm.held(pm.heard, pm.until, pm.probes, probeGap(s.learn.floor))
+	}
+	if h.ev != evExhausted || h.hasQ {
+		return
+	}
+	probe := l.probe(sig.SentAt, s.learn.floor)
+	_, first := l.storm.after(sig.SentAt, l.rate)
+	var other bool
+	if other, h.stormStarts, h.sign = l.storm.notQuota(sig, &l.meter, probe, first); other {
+		h.ev = evOther
+	}
+}
+
+// mustCall reports whether the script must hear sig now, the key's learnt
+// state being l: a throttle, a window's "remaining 0", the start of a
+// storm, a new advertised limit, or an acceptance that tells the shape.
+func (s *shared) mustCall(l *learntRate, sig *Signal, h *heardSignal, now time.Time) bool {
+	switch h.ev {
+	case evOther:
+		return h.stormStarts // the decreases the storm caused were mistaken: undo them
+	case evExhausted:
+		// A bucket refills continuously: a "remaining 0" it answers a
+		// success with holds for one unit only, which the rate does anyway.
+		return sig.throttled() || (l.shape != shapeBucket && h.q.Kind != ResetKindBucket)
+	case evNone:
+		accepted := sig.Status >= 200 && sig.Status < 300
+		return (h.adv > 0 && !(l.advertised == h.adv && now.Sub(l.wrote) < advertisedTTL/2)) ||
+			(accepted && l.shape == shapeUnknown && h.q.Kind == ResetKindUnknown &&
+				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
+	}
+	return false
+}
+
+// controlledLearn keeps what the script decided on sig (c) in this
+// instance: the hold, heard at once by this process's waiters; the rate,
+// shape, storm and zero the key is known by. It returns the hold's end;
+// zero for none.
+func (s *shared) controlledLearn(id string, sig *Signal, h *heardSignal, c controlled) (hold time.Time) {
+	now := s.clock.Now()
+	if c.held > 0 {
+		hold = now.Add(c.held)
+		s.heard(id, pauseMark{until: hold, heard: now, probes: c.probes, end: c.end})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.seenLocked(id, c.new, now)
+	l.shape = c.shape
+	if c.stormy && !now.Before(l.storm.until) {
+		l.storm.until = now.Add(stormTTL) // another instance saw the storm
+	}
+	if c.held > 0 && c.probes > 0 {
+		l.storm.held(sig.Now, hold, c.probes, probeGap(s.learn.floor))
+	}
+	if q := h.q; h.hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
+		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
+	}
+	if h.adv > 0 {
+		l.advertised, l.wrote = h.adv, now
+	}
+	return hold
 }
 
 // probedLocked records a probe turn of key id at at (see storm). The
@@ -372,7 +410,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	var reply []any
 	err := s.do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = s.controlScript.Run(ctx, s.rdb, []string{keys[2], keys[1], keys[0], keys[3]}, args...).Slice()
+		reply, err = runScript(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, args...).Slice()
 		return err
 	})
 	if err != nil {
@@ -421,6 +459,7 @@ func (s *shared) fallbackLearn(share Rate) learnConfig {
 	lc := s.learn
 	f := share.PerSecond() / s.rate.PerSecond()
 	lc.configured, lc.floor = share.PerSecond(), lc.floor*f
+	lc.fleet, lc.burst = false, 0 // one instance's: no start-up collision
 	return lc
 }
 

@@ -636,7 +636,7 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 	var reply any
 	err := s.do(context.Background(), func(ctx context.Context) error {
 		var err error
-		reply, err = l.script.Run(ctx, s.rdb, keys, args...).Result()
+		reply, err = runScript(ctx, s.rdb, s.clock, l.script, keys, args...).Result()
 		return err
 	})
 	at := s.clock.Now()
@@ -717,7 +717,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	}
 	args = append(args, b2i(l.replan), s.channel(), keyID(g.Key))
 	_ = s.do(context.Background(), func(ctx context.Context) error {
-		return l.script.Run(ctx, s.rdb, l.redisKeys(g.Key), args...).Err()
+		return runScript(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
 	})
 }
 
@@ -775,7 +775,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	args = append(args, holdFor, s.channel(), id)
 	args = append(args, caps...)
 	err := s.do(context.Background(), func(ctx context.Context) error {
-		return l.script.Run(ctx, s.rdb, l.redisKeys(key), args...).Err()
+		return runScript(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Err()
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		s.failed(err)

@@ -102,7 +102,7 @@ func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st set
 	args = append(args, i+1, maxPlanGrants)
 	var vals []int64
 	err := s.do(ctx, func(ctx context.Context) error {
-		v, err := l.script.Run(ctx, s.rdb, l.redisKeys(key), args...).Int64Slice()
+		v, err := runScript(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Int64Slice()
 		vals = v
 		return err
 	})

@@ -16,8 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/egress-go/egress/internal/clock"
-	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -59,19 +57,6 @@ func TestNewSharedLimitsValidates(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
-// fakeNowKey is where the agreement test keeps the script's clock.
-const fakeNowKey = "egress-test-now"
-
-// onFakeClock makes l's script read its clock from fakeNowKey, and l's
-// process clock fc: the same instants as a Limits on fc.
-func onFakeClock(t *testing.T, l *SharedLimits, fc *clock.Fake) {
-	t.Helper()
-	const line = "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])"
-	require.Contains(t, lua.Limits, line)
-	l.script = redis.NewScript(strings.Replace(lua.Limits, line, "local now = tonumber(redis.call('GET', '"+fakeNowKey+"'))", 1))
-	l.fleet.clock = fc
-}
-
 // TestSharedLimitsAgreesWithLimits runs random schedules of reservations,
 // settlements and caps through a Limits and, on the same fake instants,
 // through the script of a SharedLimits, and requires the same decision and
@@ -103,9 +88,9 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 			limits = append(limits, lim)
 		}
 		local, fc := newLimitsOnFake(t, limits...)
-		shared, err := NewSharedLimits(rdb, fmt.Sprintf("agree%d", sch), limits, WithCommandTimeout(roomyTimeout), WithTransitMargin(0))
+		shared, err := NewSharedLimits(rdb, fmt.Sprintf("agree%d", sch), limits, WithCommandTimeout(roomyTimeout), WithTransitMargin(0),
+			onClock(fc)) // its process and its script (scriptNow) on the same instants as local's
 		require.NoError(t, err)
-		onFakeClock(t, shared, fc)
 		// A grant whose turn is to come has a waiter, as WaitCost registers
 		// it, when the script gives turns again (every limit a window, none
 		// a parent's): the Limits then gives the same turns again.
@@ -132,7 +117,6 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 				}
 			}
 			local.mu.Unlock()
-			require.NoError(t, rdb.Set(context.Background(), fakeNowKey, now.UnixMicro(), 0).Err())
 			where := fmt.Sprintf("schedule %d step %d (limits %v)", sch, step, limits)
 			switch op := rng.IntN(10); {
 			case op < 6: // a reservation

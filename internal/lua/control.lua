@@ -114,24 +114,14 @@ if ARGV[31] == '1' then
   redis.call('HSET', KEYS[1], 'parm', string.format('%.0f', now + tonumber(ARGV[23])))
 end
 
--- A start-up collision: a refusal to a request sent in the key's first
--- second (hist, its first grant) at the configured rate, that asks a wait
--- of a second at most, while the fleet's refusals in the last second are
--- few: no more than the burst (two for a pacer), or a tenth of the units
--- granted. A fleet's instances open their connections together and their
--- first requests land late, side by side; that says nothing of the limit,
--- nor of the provider's shape. It lowers nothing and tells no shape, and
--- while the shape is not known and the refusal carries a count, it holds
--- the key a unit at the rate (from the end of the hold, when one is on: a
--- unit for each such refusal) rather than for the Retry-After, rounded up
--- to the second (a known shape holds as its shape says; a throttle that
--- says nothing holds for its probe); the refused request still waits its
--- own Retry-After. More refusals, or one after the first second, are heard
--- as any other: a limit configured at twice the provider's is refused half
--- its turns once its burst is gone. (Held for the second and lowered by
--- beta, a fleet of 64 lost an eighth of a ten-second run to one collision
--- at start; 256 instances draw one to fourteen such refusals in the first
--- half second, and read as a window's, they held the fleet for a second.)
+-- A start-up collision (collides in controller.go, its twin): a refusal
+-- to a request sent in the key's first second (hist, its first grant) at
+-- the configured rate, that asks a wait of a second at most, while the
+-- fleet's refusals in the last second are few: no more than the burst (two
+-- for a pacer), or a tenth of the units granted. It lowers nothing and
+-- tells no shape, and while the shape is not known and the refusal carries
+-- a count, it holds the key a unit at the rate (from the end of the hold,
+-- when one is on) rather than for the Retry-After.
 local collision = false
 if exhausted and throttled and sent >= 0 and old >= configured and ra <= 1000000 then
   local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')

@@ -1,5 +1,5 @@
 -- heartbeat: say this instance is alive and count the live ones, on the
--- Redis server's clock.
+-- Redis server's clock (follows now.lua).
 --
 -- KEYS[1]  sorted set of instance ids scored by last-seen time (ms)
 -- ARGV[1]  this instance's id
@@ -7,15 +7,13 @@
 -- ARGV[3]  1 to add the instance, 0 to remove it (on Close)
 --
 -- Returns the number of live instances.
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ms = math.floor(now / 1000)
 local ttl = tonumber(ARGV[2])
 if ARGV[3] == '1' then
-  redis.call('ZADD', KEYS[1], now, ARGV[1])
+  redis.call('ZADD', KEYS[1], ms, ARGV[1])
 else
   redis.call('ZREM', KEYS[1], ARGV[1])
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - ttl)
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
 return redis.call('ZCARD', KEYS[1])

@@ -1,8 +1,8 @@
 -- limits: one atomic decision across every limit of a SharedLimits for one
--- request key, on the Redis server's clock: a batch of reservations, a
--- settlement, or what a response taught (a hold and caps). The arithmetic
--- is Limits' (limits.go, window.go): a bucket is a theoretical arrival
--- time (GCRA), a window an exact log of grants.
+-- request key, on the Redis server's clock (follows now.lua): a batch of
+-- reservations, a settlement, or what a response taught (a hold and caps).
+-- The arithmetic is Limits' (limits.go, window.go): a bucket is a
+-- theoretical arrival time (GCRA), a window an exact log of grants.
 --
 -- KEYS[1]        the request key's hold: no turn before this server time (us)
 -- KEYS[2i], KEYS[2i+1]  limit i's state: a hash (a bucket's tat and last
@@ -42,10 +42,6 @@
 --            Returns now (us), then its grants still in the window as
 --            (turn, cost) pairs in the order of their turns (none when
 --            there are more than the most). Changes nothing.
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
 local L = tonumber(ARGV[2])
 local kind, n, span = {}, {}, {}
 for i = 1, L do
@@ -187,7 +183,7 @@ if op == 'reserve' then
   local out = {now}
   local k = at0
   local GID = KEYS[2 * L + 2]
-  while k + L <= #ARGV do
+  while k + L <= #ARGV - 1 do
     local at, binding = math.max(now, hold), 0
     for i = 1, L do
       local c = tonumber(ARGV[k + i - 1])

@@ -1,16 +1,37 @@
 // Package lua holds the Lua scripts that the shared limiters run on Redis.
 // Each is one atomic decision on the server's clock; see each file's header
-// for its keys, arguments and reply.
+// for its keys, arguments and reply. Every script begins with now.lua: its
+// last argument is the time, "@" for the server's (TIME) or "@<us>" for a
+// time a test gives (see Now).
 package lua
 
-import _ "embed"
+import (
+	_ "embed"
+	"strconv"
+	"time"
+)
 
-// Rate is the prelude of the scripts: the pure functions cubic and turn,
-// the key's effective rate, and the server's time as now. Tests append a
-// return statement to it to run the functions on given inputs.
-//
+//go:embed now.lua
+var now string
+
+// Now is the last argument of every script: the Redis server's clock when
+// server is true, else t in microseconds (a test's fake clock, so that a
+// script and its Go twin run on the same instants).
+func Now(server bool, t time.Time) string {
+	if server {
+		return "@"
+	}
+	return "@" + strconv.FormatInt(t.UnixMicro(), 10)
+}
+
 //go:embed rate.lua
-var Rate string
+var rate string
+
+// Rate is the prelude of the reserve and control scripts: now.lua, then
+// rate.lua's pure functions (cubic, turn, the key's effective rate). Tests
+// append a return statement to it to run the functions on given inputs,
+// with the time as the one argument.
+var Rate = now + rate
 
 //go:embed reserve.lua
 var reserve string
@@ -26,18 +47,21 @@ var Reserve = Rate + reserve
 // the shape of its quota, the advertised and discovered rate.
 var Control = Rate + control
 
-// Heartbeat records a live instance and counts the live ones.
-//
 //go:embed heartbeat.lua
-var Heartbeat string
+var heartbeat string
+
+// Heartbeat records a live instance and counts the live ones.
+var Heartbeat = now + heartbeat
+
+//go:embed slots.lua
+var slots string
 
 // Slots takes, renews and releases the in-flight leases of one key.
-//
-//go:embed slots.lua
-var Slots string
+var Slots = now + slots
+
+//go:embed limits.lua
+var limits string
 
 // Limits admits, settles and teaches the limits of a SharedLimits: every
 // limit of a request's key and its parents in one call.
-//
-//go:embed limits.lua
-var Limits string
+var Limits = now + limits

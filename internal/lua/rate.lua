@@ -478,6 +478,3 @@ local function spend(key, at, cost, probe, now)
   return math.min(budu, now + probe)
 end
 
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])

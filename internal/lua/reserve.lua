@@ -104,7 +104,7 @@ end
 local recorded = false
 local probe = tonumber(ARGV[15])
 local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
-for i = 19, #ARGV, 2 do
+for i = 19, #ARGV - 1, 2 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local b = burst

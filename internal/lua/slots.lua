@@ -1,5 +1,5 @@
 -- slots: the in-flight leases of one key (SharedInFlightLimit), on the
--- Redis server's clock.
+-- Redis server's clock (follows now.lua).
 --
 -- KEYS[1]  the key's leases: a sorted set of lease id -> expiry (us)
 -- ARGV[1]  what to do, and its arguments:
@@ -16,9 +16,6 @@
 --     announce each one removed on the channel. Returns {removed, 0}.
 --
 -- The key expires a second after its last lease, so idle keys vanish.
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
 
 local function score(us)
@@ -36,7 +33,7 @@ end
 
 if op == 'release' then
   local n = 0
-  for i = 4, #ARGV do
+  for i = 4, #ARGV - 1 do
     if redis.call('ZREM', KEYS[1], ARGV[i]) > 0 then
       n = n + 1
       redis.call('PUBLISH', ARGV[2], ARGV[3])
@@ -49,7 +46,7 @@ if op == 'renew' or op == 'adopt' then
   local flag = 'XX'
   if op == 'adopt' then flag = 'NX' end
   local n = 0
-  for i = 2, #ARGV - 1, 2 do
+  for i = 2, #ARGV - 2, 2 do
     n = n + redis.call('ZADD', KEYS[1], flag, 'CH', score(ARGV[i + 1]), ARGV[i])
   end
   keep()
