@@ -150,7 +150,14 @@ func (l *InFlightLimit) Acquire(ctx context.Context, key string, maxWait time.Du
 	w := &inFlightWaiter{ready: make(chan struct{})}
 	s.waiters = append(s.waiters, w)
 	l.mu.Unlock()
+	return l.await(ctx, key, s, w, start, maxWait)
+}
 
+// await waits, from start, until w, queued among the waiters of key's
+// slots s, is given a slot, and returns what Acquire returns: the slot's
+// release and the wait, a *LimitError when maxWait (> 0) ends first, or
+// ctx.Err() when ctx ends first. A slot given as it gives up is kept.
+func (l *InFlightLimit) await(ctx context.Context, key string, s *slots, w *inFlightWaiter, start time.Time, maxWait time.Duration) (func(), time.Duration, error) {
 	var deadline <-chan time.Time
 	if maxWait > 0 {
 		t := l.clock.NewTimer(maxWait)

@@ -315,8 +315,18 @@ func (l *Limits) WaitCost(ctx context.Context, key string, cost Cost, maxWait ti
 	l.seq++
 	w := &limitsWaiter{key: key, cost: cost, at: g.At, seq: l.seq, moved: make(chan struct{}, 1)}
 	l.waiters = append(l.waiters, w)
-	end := b.end(now, late)
 	l.mu.Unlock()
+	return l.awaitTurn(ctx, key, w, g, b, now, late)
+}
+
+// awaitTurn waits for the turn of w, which WaitCost queued at now with
+// grant g, and returns what WaitCost returns: g taken at w's turn, once it
+// comes (replan may bring it sooner); or, having given the turn back,
+// ctx.Err() when ctx ends first, or a *LimitError when w is late (its turn
+// beyond b) and no refund has brought its turn within b by the budget's
+// end.
+func (l *Limits) awaitTurn(ctx context.Context, key string, w *limitsWaiter, g Grant, b budget, now time.Time, late bool) (Grant, error) {
+	end := b.end(now, late)
 	for {
 		l.mu.Lock()
 		cur := l.clock.Now()
@@ -435,32 +445,40 @@ func (l *Limits) replan(now time.Time) {
 		}
 	}
 	for _, w := range ws {
-		at := now
-		if d, _ := l.holds.remaining(w.key); d > 0 {
-			at = now.Add(d)
+		l.regrant(w, now)
+	}
+}
+
+// regrant gives w, whose grant replan took out of its windows, the first
+// turn every limit allows again, no earlier than the key's hold and no
+// later than the turn it had, takes its grant at that turn, and tells w
+// when its turn moved. The caller holds mu.
+func (l *Limits) regrant(w *limitsWaiter, now time.Time) {
+	at := now
+	if d, _ := l.holds.remaining(w.key); d > 0 {
+		at = now.Add(d)
+	}
+	for i := range l.limits {
+		lim := &l.limits[i]
+		if c := w.cost.Of(lim.dim); c > 0 {
+			at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now))
 		}
-		for i := range l.limits {
-			lim := &l.limits[i]
-			if c := w.cost.Of(lim.dim); c > 0 {
-				at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now))
-			}
+	}
+	// Never later than the turn it had, which still fits: the turns
+	// before it moved sooner or stayed. (Only a hold learnt after the
+	// turn was given could ask for later, and a waiter keeps its turn
+	// through such a hold, as it did before.)
+	at = minTime(at, w.at)
+	for i := range l.limits {
+		if c := w.cost.Of(l.limits[i].dim); c > 0 {
+			l.state(i, w.key, now).log.insert(at, c) // a window: replan moves no bucket's turn
 		}
-		// Never later than the turn it had, which still fits: the turns
-		// before it moved sooner or stayed. (Only a hold learnt after the
-		// turn was given could ask for later, and a waiter keeps its turn
-		// through such a hold, as it did before.)
-		at = minTime(at, w.at)
-		for i := range l.limits {
-			if c := w.cost.Of(l.limits[i].dim); c > 0 {
-				l.state(i, w.key, now).log.insert(at, c) // a window: replan moves no bucket's turn
-			}
-		}
-		if !at.Equal(w.at) {
-			w.at = at
-			select {
-			case w.moved <- struct{}{}:
-			default:
-			}
+	}
+	if !at.Equal(w.at) {
+		w.at = at
+		select {
+		case w.moved <- struct{}{}:
+		default:
 		}
 	}
 }

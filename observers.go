@@ -12,17 +12,7 @@ import "time"
 // hook allocates nothing beyond what the hooks it calls allocate. The result
 // is as safe for concurrent use as those hooks.
 func Observers(o ...Observer) Observer {
-	var hs struct {
-		wait      []func(string, time.Duration)
-		reject    []func(string, error)
-		sent      []func(string, int, int, error)
-		retry     []func(string, int, time.Duration, int, error)
-		cooldown  []func(string, time.Time, error)
-		exhausted []func(string)
-		rate      []func(string, Rate, Rate, string)
-		shadow    []func(string, time.Duration, error)
-		near      []func(string, Quota)
-	}
+	var hs observerHooks
 	for _, o := range o {
 		hs.wait = appendHook(hs.wait, o.OnWait, o.OnWait != nil)
 		hs.reject = appendHook(hs.reject, o.OnReject, o.OnReject != nil)
@@ -34,6 +24,27 @@ func Observers(o ...Observer) Observer {
 		hs.shadow = appendHook(hs.shadow, o.OnShadow, o.OnShadow != nil)
 		hs.near = appendHook(hs.near, o.OnNearLimit, o.OnNearLimit != nil)
 	}
+	return hs.observer()
+}
+
+// observerHooks is the hooks set by the Observers that Observers combines,
+// one list per hook, in the order given.
+type observerHooks struct {
+	wait      []func(string, time.Duration)
+	reject    []func(string, error)
+	sent      []func(string, int, int, error)
+	retry     []func(string, int, time.Duration, int, error)
+	cooldown  []func(string, time.Time, error)
+	exhausted []func(string)
+	rate      []func(string, Rate, Rate, string)
+	shadow    []func(string, time.Duration, error)
+	near      []func(string, Quota)
+}
+
+// observer returns the Observer whose each hook is the combination of its
+// list in hs (see combine): nil, the one hook, or one that calls each in
+// turn.
+func (hs *observerHooks) observer() Observer {
 	return Observer{
 		OnWait: combine(hs.wait, func(key string, waited time.Duration) {
 			for _, h := range hs.wait {

@@ -44,20 +44,7 @@ func SlogObserver(l *slog.Logger) Observer {
 			l.LogAttrs(ctx, slog.LevelDebug, "egress: waited for capacity",
 				slog.String("key", key), slog.Duration("waited", waited))
 		},
-		OnReject: func(key string, err error) {
-			if !l.Enabled(ctx, slog.LevelInfo) {
-				return
-			}
-			var le *LimitError
-			if errors.As(err, &le) {
-				l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
-					slog.String("key", key), slog.String("reason", le.Reason.String()),
-					slog.Duration("wait", le.Wait), slog.Int("cost", le.Cost))
-				return
-			}
-			l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
-				slog.String("key", key), slog.String("error", err.Error()))
-		},
+		OnReject: func(key string, err error) { slogReject(ctx, l, key, err) },
 		OnRetry: func(key string, attempt int, delay time.Duration, status int, err error) {
 			if !l.Enabled(ctx, slog.LevelDebug) {
 				return
@@ -87,42 +74,8 @@ func SlogObserver(l *slog.Logger) Observer {
 			l.LogAttrs(ctx, slog.LevelWarn, "egress: retry budget exhausted, retry not made",
 				slog.String("key", key))
 		},
-		OnShadow: func(key string, wait time.Duration, err error) {
-			level := slog.LevelDebug
-			if err != nil {
-				level = slog.LevelInfo
-			}
-			if !l.Enabled(ctx, level) {
-				return
-			}
-			if err == nil {
-				l.LogAttrs(ctx, level, "egress: shadow: would have waited",
-					slog.String("key", key), slog.Duration("wait", wait))
-				return
-			}
-			var le *LimitError
-			if errors.As(err, &le) {
-				l.LogAttrs(ctx, level, "egress: shadow: would have refused",
-					slog.String("key", key), slog.String("reason", le.Reason.String()),
-					slog.Duration("wait", le.Wait))
-				return
-			}
-			l.LogAttrs(ctx, level, "egress: shadow: would have refused",
-				slog.String("key", key), slog.String("error", err.Error()))
-		},
-		OnNearLimit: func(key string, q Quota) {
-			if !l.Enabled(ctx, slog.LevelInfo) {
-				return
-			}
-			if !q.HasLimit {
-				l.LogAttrs(ctx, slog.LevelInfo, "egress: near the provider's limit", slog.String("key", key))
-				return
-			}
-			l.LogAttrs(ctx, slog.LevelInfo, "egress: near the provider's limit",
-				slog.String("key", key), slog.String("dimension", q.Dimension.String()),
-				slog.Float64("remaining", q.Remaining), slog.Float64("limit", q.Limit),
-				slog.Duration("reset", q.Reset))
-		},
+		OnShadow:    func(key string, wait time.Duration, err error) { slogShadow(ctx, l, key, wait, err) },
+		OnNearLimit: func(key string, q Quota) { slogNearLimit(ctx, l, key, q) },
 		OnRateChange: func(key string, old, new Rate, why string) {
 			if !l.Enabled(ctx, slog.LevelInfo) {
 				return
@@ -132,6 +85,69 @@ func SlogObserver(l *slog.Logger) Observer {
 				slog.String("new", new.String()), slog.String("why", why))
 		},
 	}
+}
+
+// slogReject is SlogObserver's OnReject: it logs at Info a request refused
+// without being sent, with the refusal's reason, wait and cost when err is
+// a *LimitError, else with the error.
+func slogReject(ctx context.Context, l *slog.Logger, key string, err error) {
+	if !l.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	var le *LimitError
+	if errors.As(err, &le) {
+		l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
+			slog.String("key", key), slog.String("reason", le.Reason.String()),
+			slog.Duration("wait", le.Wait), slog.Int("cost", le.Cost))
+		return
+	}
+	l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
+		slog.String("key", key), slog.String("error", err.Error()))
+}
+
+// slogShadow is SlogObserver's OnShadow: it logs at Debug a request that
+// shadow mode would have made wait, and at Info one it would have refused,
+// with the refusal's reason and wait when err is a *LimitError, else with
+// the error.
+func slogShadow(ctx context.Context, l *slog.Logger, key string, wait time.Duration, err error) {
+	level := slog.LevelDebug
+	if err != nil {
+		level = slog.LevelInfo
+	}
+	if !l.Enabled(ctx, level) {
+		return
+	}
+	if err == nil {
+		l.LogAttrs(ctx, level, "egress: shadow: would have waited",
+			slog.String("key", key), slog.Duration("wait", wait))
+		return
+	}
+	var le *LimitError
+	if errors.As(err, &le) {
+		l.LogAttrs(ctx, level, "egress: shadow: would have refused",
+			slog.String("key", key), slog.String("reason", le.Reason.String()),
+			slog.Duration("wait", le.Wait))
+		return
+	}
+	l.LogAttrs(ctx, level, "egress: shadow: would have refused",
+		slog.String("key", key), slog.String("error", err.Error()))
+}
+
+// slogNearLimit is SlogObserver's OnNearLimit: it logs at Info a key near
+// its provider's limit, with the quota's dimension, remaining, limit and
+// reset when the provider told its limit.
+func slogNearLimit(ctx context.Context, l *slog.Logger, key string, q Quota) {
+	if !l.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	if !q.HasLimit {
+		l.LogAttrs(ctx, slog.LevelInfo, "egress: near the provider's limit", slog.String("key", key))
+		return
+	}
+	l.LogAttrs(ctx, slog.LevelInfo, "egress: near the provider's limit",
+		slog.String("key", key), slog.String("dimension", q.Dimension.String()),
+		slog.Float64("remaining", q.Remaining), slog.Float64("limit", q.Limit),
+		slog.Duration("reset", q.Reset))
 }
 
 // SlogFallbackObserver returns a hook for WithFallbackObserver that logs at
