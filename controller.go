@@ -385,15 +385,26 @@ func (st *ctlState) exhausted(cfg *learnConfig, s *Signal, q Quota, hasQ bool, o
 func (st *ctlState) collides(cfg *learnConfig, s *Signal, ev evidence, rate float64) bool {
 	first := st.sent.first
 	if ev != evExhausted || !s.throttled() || s.SentAt.IsZero() || rate < cfg.configured ||
-		s.HasRetryAfter && s.RetryAfter > time.Second ||
-		first == 0 || s.SentAt.UnixNano() >= first+int64(time.Second) {
+		s.HasRetryAfter && s.RetryAfter > collisionSpan ||
+		first == 0 || s.SentAt.UnixNano() >= first+int64(collisionSpan) {
 		return false
 	}
 	_, ref := st.meter.lastSecond(s.Now)
 	r := float64(ref) + 1 // this one, which the meter counts next
 	to := s.Now.UnixNano()
-	return r <= max(2, cfg.burst) || r <= 0.1*st.sent.units(max(to-int64(time.Second), first), to)
+	return r <= max(collisionMin, cfg.burst) || r <= collisionShare*st.sent.units(max(to-int64(time.Second), first), to)
 }
+
+// collisionSpan is the start-up a collision belongs to (the key's first
+// second), and the longest wait it asks; collisionMin and collisionShare
+// are the refusals of the last second that are few: up to the burst, at
+// least collisionMin, or up to collisionShare of the units granted (see
+// collides).
+const (
+	collisionSpan  = time.Second
+	collisionMin   = 2
+	collisionShare = 0.1
+)
 
 // classify reads what a signal means for the key, q being its most
 // restrictive request quota (when hasQ).
@@ -848,6 +859,14 @@ type sendPace struct {
 	first int64 // the first request recorded; 0 for none
 }
 
+// paceUnits, paceMin and paceMax bound the time over which sendPace.rate
+// measures: that of 16 units at the key's rate, a quarter second to two.
+const (
+	paceUnits = 16
+	paceMin   = 250 * time.Millisecond
+	paceMax   = 2 * time.Second
+)
+
 // add records a request of cost units granted at t.
 func (p *sendPace) add(t time.Time, cost int) {
 	ns := t.UnixNano()
@@ -871,14 +890,14 @@ func (p *sendPace) units(from, to int64) float64 {
 }
 
 // rate returns the rate the key's requests went at as of now, when its
-// rate is r: the units granted in the time of 16 units at r (at least a
-// quarter second, at most two), over that time; +Inf when the record does
+// rate is r: the units granted in the time of paceUnits units at r (at
+// least paceMin, at most paceMax), over that time; +Inf when the record does
 // not cover it (too soon to tell: as if they kept up). More requests in
 // that time than the record holds went at the rate of the record: its
 // units after its oldest, over the time since. The fleet's script counts
 // its turns granted in the same time (rate.lua's drain).
 func (p *sendPace) rate(now time.Time, r float64) float64 {
-	w := min(max(16/r, 0.25), 2)
+	w := min(max(paceUnits/r, paceMin.Seconds()), paceMax.Seconds())
 	to := now.UnixNano()
 	from := to - int64(w*float64(time.Second))
 	if p.first == 0 || from < p.first {

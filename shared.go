@@ -405,6 +405,21 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 	return s, nil
 }
 
+// The fleet's ring of grants in Redis (rate.lua's granted and between): a
+// key's grants counted by their turns in ringSize slots of ringSlot each,
+// and kept at least ringLife after the last; and a SharedLimits' counter of
+// grant ids, kept grantIDLife after its last grant (limits.lua). The
+// scripts read them from internal/lua/tune.lua, generated from the Go
+// (TestScriptTune).
+const (
+	ringSlot    = 10 * time.Millisecond
+	ringSize    = 256
+	ringLife    = 10 * time.Second
+	grantIDLife = 24 * time.Hour
+)
+
+//go:generate go test -run ^TestScriptTune$ . -update
+
 // runScript runs one of the scripts of internal/lua with the time as its
 // last argument (see scriptNow).
 func runScript(ctx context.Context, c redis.Scripter, clk clock.Clock, script *redis.Script, keys []string, args ...any) *redis.Cmd {

@@ -123,11 +123,11 @@ end
 -- a count, it holds the key a unit at the rate (from the end of the hold,
 -- when one is on) rather than for the Retry-After.
 local collision = false
-if exhausted and throttled and sent >= 0 and old >= configured and ra <= 1000000 then
+if exhausted and throttled and sent >= 0 and old >= configured and ra <= tune.collisionSpan then
   local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
-  if hist and sent < hist + 1000000 then
+  if hist and sent < hist + tune.collisionSpan then
     local r = refusedLastSecond(KEYS[1], now) + 1 -- (this one is counted below)
-    collision = r <= math.max(2, burst) or r <= 0.1 * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
+    collision = r <= math.max(tune.collisionMin, burst) or r <= tune.collisionShare * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
   end
 end
 -- The shape, as the dialect says, or from a request sent after a
@@ -338,14 +338,14 @@ if exhausted then
   -- Discovery: a throttle to a request sent after the last decrease, when
   -- no advertised limit is believed (a throttle at one lowers nothing).
   if throttled and discover > 0 and not collision and not (advu and now < advu) and (not dec or sent > dec) then
-    if sent >= 0 and triesBack(gd, bk, prev, sent) and sent < bk + 1000000 then
+    if sent >= 0 and triesBack(gd, bk, prev, sent) and sent < bk + tune.sustained then
       -- A try of the rate the fleet was accepted at before its limit fell,
       -- refused: no decrease; the next try waits twice as long after the
       -- hold, or none follows past a minute (controller.go's backOff).
       -- The throttles to the turns given before lower nothing further.
       bn = bn + 1
-      local wait = 2 * 2 ^ bn * (cur - now)
-      if cur <= now or wait > 60000000 then
+      local wait = tune.backHolds * 2 ^ bn * (cur - now)
+      if cur <= now or wait > tune.maxPlateau then
         redis.call('HDEL', KEYS[1], 'gd', 'bk', 'bn')
       else
         redis.call('HSET', KEYS[1], 'bk', string.format('%.0f', cur + wait), 'bn', bn)
@@ -370,8 +370,8 @@ if exhausted then
       end
       local deepest = beta * beta * old -- the lowest one decrease goes (controller.go's decrease)
       if est > 0 and est < old then
-        wmax = math.max(est, deepest / 0.92)
-        w0 = wmax * 0.92
+        wmax = math.max(est, deepest / tune.estimateMargin)
+        w0 = wmax * tune.estimateMargin
       elseif ARGV[22] == '1' and ra > tonumber(ARGV[29]) and pw0 and prev and pw0 > 0 and prev > pw0 and
           old <= (pw0 + prev) / 2 then
         -- a throttle without counts that asks for a wait longer than the
@@ -379,16 +379,16 @@ if exhausted then
         -- beta twice, aiming at beta of the rate, a twentieth under it
         -- unless the key is a bucket (early)
         wmax, w0 = beta * old, deepest
-        if shape ~= 2 then wmax = wmax * 0.95 end
+        if shape ~= 2 then wmax = wmax * tune.aimUnder end
       else
         if prev and old < prev then wmax = old * (1 + beta) / 2 end
         if shape ~= 2 then
-          wmax = wmax * 0.95 -- under the rate refused (aimUnder)
-        elseif prev and old > 0.9 * prev and old < 1.25 * prev then
+          wmax = wmax * tune.aimUnder -- under the rate refused
+        elseif prev and old > tune.nearLow * prev and old < tune.nearLimit * prev then
           -- near a bucket's limit found before, gently, aiming just under
           -- the rate refused (nearBeta, nearAim)
-          w0 = math.max(w0, 0.9 * old)
-          wmax = math.max(0.97 * old, w0)
+          w0 = math.max(w0, tune.nearBeta * old)
+          wmax = math.max(tune.nearAim * old, w0)
         end
       end
       if shape == 2 then

@@ -213,7 +213,7 @@ if op == 'reserve' then
     end
     k = k + L + 1
   end
-  redis.call('PEXPIRE', GID, 86400000) -- a day after the last grant
+  redis.call('PEXPIRE', GID, tune.grantIDLife / 1000) -- a day after the last grant
   save()
   return out
 end

@@ -2,7 +2,8 @@
 // Each is one atomic decision on the server's clock; see each file's header
 // for its keys, arguments and reply. Every script begins with now.lua: its
 // last argument is the time, "@" for the server's (TIME) or "@<us>" for a
-// time a test gives (see Now).
+// time a test gives (see Now). The scripts that restate the Go's arithmetic
+// follow it with tune.lua, the Go's constants, generated (go generate).
 package lua
 
 import (
@@ -24,14 +25,17 @@ func Now(server bool, t time.Time) string {
 	return "@" + strconv.FormatInt(t.UnixMicro(), 10)
 }
 
+//go:embed tune.lua
+var tune string
+
 //go:embed rate.lua
 var rate string
 
-// Rate is the prelude of the reserve and control scripts: now.lua, then
-// rate.lua's pure functions (cubic, turn, the key's effective rate). Tests
-// append a return statement to it to run the functions on given inputs,
-// with the time as the one argument.
-var Rate = now + rate
+// Rate is the prelude of the reserve and control scripts: now.lua,
+// tune.lua, then rate.lua's pure functions (cubic, turn, the key's
+// effective rate). Tests append a return statement to it to run the
+// functions on given inputs, with the time as the one argument.
+var Rate = now + tune + rate
 
 //go:embed reserve.lua
 var reserve string
@@ -64,4 +68,4 @@ var limits string
 
 // Limits admits, settles and teaches the limits of a SharedLimits: every
 // limit of a request's key and its parents in one call.
-var Limits = now + limits
+var Limits = now + tune + limits

@@ -49,7 +49,7 @@ end
 -- (controller.go's triesBack, backOver). The try climbs from a twentieth
 -- under gd (aimUnder).
 local function triesBack(gd, bk, wmax, t)
-  return gd and bk and wmax and gd > 1.25 * wmax and t >= bk
+  return gd and bk and wmax and gd > tune.backOver * wmax and t >= bk
 end
 
 -- turn is the GCRA decision for a request of cost at start (>= now) on a
@@ -73,7 +73,7 @@ local function effective(key, now, configured, discover, c, floor)
     local gd, bk = tonumber(st[7]), tonumber(st[8])
     if triesBack(gd, bk, wmax, now) then
       -- a climb of its own, from a twentieth under gd
-      d = math.max(d, cubic((now - bk) / 1000000, 0.95 * gd, gd, c, 0))
+      d = math.max(d, cubic((now - bk) / 1000000, tune.aimUnder * gd, gd, c, 0))
     end
     r = math.min(r, d)
   end
@@ -101,7 +101,7 @@ end
 -- covers that time), else the reporting instance's requests in flight
 -- times the live instances (the first report, or a request older than
 -- the ring).
-local ringSlot, ringSize = 10000, 256
+local ringSlot, ringSize = tune.ringSlot, tune.ringSize
 
 -- tally adds n at at (us) to a ring of size slots of width us each, kept
 -- in key's hash as fields prefix .. i: "<slot>:<count>" (a field holding
@@ -180,7 +180,7 @@ local function regrant(key, from, upto, f)
       local s, u = string.match(v, '^(%d+):([%d.]+)$')
       local slot = first + i - 1
       if tonumber(s) == slot then
-        moved[#moved + 1] = {from + ((slot + 0.5) * ringSlot - from) * f, tonumber(u)}
+        moved[#moved + 1] = {from + (slot * ringSlot + ringSlot / 2 - from) * f, tonumber(u)} -- (the slot's middle)
         redis.call('HDEL', key, fields[i])
       end
     end
@@ -200,7 +200,7 @@ end
 -- of a quarter second ("f0" .. "f3", see tally): with the ring of grants,
 -- the share of the fleet's requests the provider accepted (the meter of
 -- controller.go, fleet-wide).
-local meterSlot = 250000
+local meterSlot = tune.meterSlot
 local function refused(key, sent)
   tally(key, 'f', meterSlot, 4, sent, 1)
 end
@@ -342,7 +342,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   local at = sent
   if at < 0 then at = now end
   local est = nil
-  if dra and drr and at - dra >= 250000 and rem <= drr then
+  if dra and drr and at - dra >= tune.drainMin and rem <= drr then
     local n = between(key, dra, at, hist)
     if n then
       local e = (n - drf - (drr - rem) + 1) * 1000000 / (at - dra)
@@ -352,14 +352,14 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   local lvl = nil
   if climbing then
     if left <= 0 and est then
-      lvl = math.min(rate, math.max(est * 0.97, 0.5 * rate, floor))
+      lvl = math.min(rate, math.max(est * tune.nearAim, tune.drainLow * rate, floor))
     elseif left <= 0 then
       lvl = rate
-      if room and roomr and now - room < 2000000 and roomr < rate and roomr >= 0.5 * rate then
+      if room and roomr and now - room < tune.roomMemory and roomr < rate and roomr >= tune.drainLow * rate then
         lvl = math.max(roomr, floor)
       end
     elseif est and drr - rem >= 2 and est < rate then
-      lvl = math.max(est * 0.97, 0.5 * rate, floor)
+      lvl = math.max(est * tune.nearAim, tune.drainLow * rate, floor)
     end
   end
   if lvl then
@@ -375,7 +375,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     redis.call('HDEL', key, 'drf')
   elseif lim and lim >= 2 and rem >= lim - 1 then
     redis.call('HDEL', key, 'dra', 'drr', 'drf')
-  elseif not dra or at - dra >= 2000000 or rem >= drr + 2 then
+  elseif not dra or at - dra >= tune.drainSpan or rem >= drr + tune.drainFall then
     redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
     redis.call('HDEL', key, 'drf')
   end
@@ -390,15 +390,15 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     -- under a limit of 20/s with a burst of 2, in scenario B of the fleet
     -- benchmark at that ratio.)
     local went = rate
-    local w = math.min(math.max(16000000 / rate, 250000), 2000000)
+    local w = math.min(math.max(tune.paceUnits * 1000000 / rate, tune.paceMin), tune.paceMax)
     local n = between(key, now - w, now, hist)
     -- (between counts whole slots of the ring: those from the one after
     -- now - w's, whose start is the time counted from)
     local since = (math.floor((now - w) / ringSlot) + 1) * ringSlot
     if n and now > since then went = math.min(rate, n * 1000000 / (now - since)) end
-    local kept = went >= 0.75 * rate
+    local kept = went >= tune.keepUp * rate
     if climbing and room and kept then
-      local ahead = math.min(math.min(now - room, 250000) * 3, now - climb)
+      local ahead = math.min(math.min(now - room, tune.roomGap) * (tune.roomBoost - 1), now - climb)
       redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))
     end
     if kept then went = rate end

@@ -170,7 +170,7 @@ if recorded or reported then
   if recorded and redis.call('HEXISTS', KEYS[3], 'hist') == 0 then
     redis.call('HSET', KEYS[3], 'hist', string.format('%.0f', now))
   end
-  local keep = 10000
+  local keep = tune.ringLife / 1000
   if reported then keep = math.max(keep, math.ceil(tonumber(ARGV[8]) / 1000) + 1000) end
   if redis.call('PTTL', KEYS[3]) < keep then redis.call('PEXPIRE', KEYS[3], keep) end
 end

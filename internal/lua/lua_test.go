@@ -1,0 +1,137 @@
+package lua
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// numberRE matches a Lua number literal that no name or other number
+// touches: 12, 0.95, 1e6, .5.
+var numberRE = regexp.MustCompile(`(^|[^A-Za-z0-9_.])((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)`)
+
+// code returns the code of a line of Lua: without its comment and with
+// its string literals blanked (a format such as '%.0f' holds no number of
+// the arithmetic).
+func code(line string) string {
+	var b strings.Builder
+	var quote byte
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case quote != 0:
+			if c == '\\' {
+				i++
+			} else if c == quote {
+				quote = 0
+				b.WriteByte(c)
+			}
+			continue
+		case c == '\'' || c == '"':
+			quote = c
+		case c == '-' && i+1 < len(line) && line[i+1] == '-':
+			return b.String()
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// bareNumbers returns the tuning numbers written in a script's code:
+// every fraction, and every integer of 100 or more but the conversions of
+// units (1000 and 1000000: milliseconds and microseconds in a second).
+// Integers under 100 are positions and small counts (ARGV[24], a step of
+// 2). A tuning number is written once, in Go, and generated into
+// tune.lua (see tune.lua's header).
+func bareNumbers(src string) []string {
+	var out []string
+	for i, line := range strings.Split(src, "\n") {
+		for _, m := range numberRE.FindAllStringSubmatch(code(line), -1) {
+			lit := m[2]
+			if !strings.ContainsAny(lit, ".eE") {
+				if n, err := strconv.Atoi(lit); err == nil && (n < 100 || n == 1000 || n == 1000000) {
+					continue
+				}
+			}
+			out = append(out, strconv.Itoa(i+1)+": "+lit+"  in  "+strings.TrimSpace(line))
+		}
+	}
+	return out
+}
+
+// TestNoBareTuningNumbers: the scripts name their tuning numbers (tune.x),
+// written once in the Go beside them; a number written in a script would
+// drift from its Go twin unseen.
+func TestNoBareTuningNumbers(t *testing.T) {
+	files, err := filepath.Glob("*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, f := range files {
+		if f == "tune.lua" {
+			continue // generated: the numbers' one place in Lua
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range bareNumbers(string(src)) {
+			t.Errorf("%s:%s", f, b)
+		}
+	}
+}
+
+// TestBareNumbersAreFound: the scan sees numbers in code, and none in
+// comments or strings.
+func TestBareNumbersAreFound(t *testing.T) {
+	for src, want := range map[string]int{
+		"local x = 0.95 * y":                  1,
+		"local w = math.min(16000000 / r, 1)": 1,
+		"x = y * 1000000 + z / 1000":          0,
+		"x = ARGV[24] + t[2]":                 0,
+		"-- 0.95 under the rate":              0,
+		"x = string.format('%.0f', y) -- 0.5": 0,
+		"x = tune.aimUnder * y":               0,
+		"x = 1e6":                             1,
+		"x = a250000":                         0,
+	} {
+		if got := len(bareNumbers(src)); got != want {
+			t.Errorf("%q: %d bare numbers, want %d", src, got, want)
+		}
+	}
+}
+
+// TestTuneNamesResolve: every tune.x a script reads is in tune.lua, and
+// every number there is read (a misspelt name is nil in Lua, found only
+// when its branch runs).
+func TestTuneNamesResolve(t *testing.T) {
+	defined := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  (\w+) = `).FindAllStringSubmatch(tune, -1) {
+		defined[m[1]] = true
+	}
+	if len(defined) == 0 {
+		t.Fatal("tune.lua defines nothing")
+	}
+	used := map[string]bool{}
+	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control, "limits.lua": limits} {
+		for _, m := range regexp.MustCompile(`\btune\.(\w+)`).FindAllStringSubmatch(src, -1) {
+			used[m[1]] = true
+			if !defined[m[1]] {
+				t.Errorf("%s reads tune.%s, which tune.lua does not define", name, m[1])
+			}
+		}
+	}
+	for name := range defined {
+		if !used[name] {
+			t.Errorf("tune.%s is read by no script", name)
+		}
+	}
+	for name, src := range map[string]string{"heartbeat.lua": heartbeat, "slots.lua": slots} {
+		if strings.Contains(src, "tune.") {
+			t.Errorf("%s reads tune, which does not precede it (see lua.go)", name)
+		}
+	}
+}
