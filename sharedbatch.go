@@ -180,37 +180,9 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		l = &batchLane{born: now}
 		s.lanes.put(id, l)
 	}
-	// No turn comes before the last one this process holds: a request that
-	// cannot wait that long is refused at once, not after the lead's call.
-	// (Its turn is at least its own cost after the last held one in a
-	// token bucket, at least one unit after it in a pacer.)
-	// The rate is the one the script last said the key is held to, which
-	// the script itself uses (not the configured one).
-	if l.held.After(now) {
-		after := cost
-		if s.burst == 0 {
-			after = 1
-		}
-		r := s.learntRateLocked(id)
-		wait := l.held.Sub(now) + durationOf(after, r)
-		// A pacer's queue is full when this process's own waiters fill it:
-		// the script counts theirs and the fleet's, from the end of the
-		// key's hold, whether the hold was told on the channel or only in
-		// a reply. Counting the time their turns span instead refused
-		// callers while fewer waited, after a rise of the rate or a
-		// spent budget's hold, and they came back at once, in a loop.
-		from := maxTime(now, l.paused)
-		if pm, ok := s.pauses[id]; ok {
-			from = maxTime(from, pm.until)
-		}
-		switch {
-		case s.depth >= 0 && l.queueFull(now, from, cost, s.depth):
-			s.mu.Unlock()
-			return reserved{code: 2, wait: wait}
-		case !p.limit.IsZero() && now.Add(wait).After(p.limit):
-			s.mu.Unlock()
-			return reserved{code: 1, wait: wait}
-		}
+	if r, refused := s.refusedAtOnce(id, l, p, now); refused {
+		s.mu.Unlock()
+		return r
 	}
 	l.queue = append(l.queue, p)
 	if !l.leading {
@@ -231,33 +203,47 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 	}
 }
 
+// refusedAtOnce returns the refusal of p, a request on key id at now
+// whose lane is l, and true, when p cannot wait for the turns this
+// process already holds: no turn comes before the last one held, so a
+// request that cannot wait that long is refused at once, not after the
+// lead's call. (Its turn is at least its own cost after the last held one
+// in a token bucket, at least one unit after it in a pacer.) The rate is
+// the one the script last said the key is held to, which the script
+// itself uses (not the configured one). Called with s.mu held.
+func (s *shared) refusedAtOnce(id string, l *batchLane, p *pending, now time.Time) (reserved, bool) {
+	if !l.held.After(now) {
+		return reserved{}, false
+	}
+	after := p.cost
+	if s.burst == 0 {
+		after = 1
+	}
+	r := s.learntRateLocked(id)
+	wait := l.held.Sub(now) + durationOf(after, r)
+	// A pacer's queue is full when this process's own waiters fill it:
+	// the script counts theirs and the fleet's, from the end of the
+	// key's hold, whether the hold was told on the channel or only in
+	// a reply. Counting the time their turns span instead refused
+	// callers while fewer waited, after a rise of the rate or a
+	// spent budget's hold, and they came back at once, in a loop.
+	from := maxTime(now, l.paused)
+	if pm, ok := s.pauses[id]; ok {
+		from = maxTime(from, pm.until)
+	}
+	switch {
+	case s.depth >= 0 && l.queueFull(now, from, p.cost, s.depth):
+		return reserved{code: 2, wait: wait}, true
+	case !p.limit.IsZero() && now.Add(wait).After(p.limit):
+		return reserved{code: 1, wait: wait}, true
+	}
+	return reserved{}, false
+}
+
 // lead runs the script calls of key id until its queue is empty.
 func (s *shared) lead(id string, l *batchLane) {
 	for {
-		s.mu.Lock()
-		// Call again shortly before the last turn held, so that the new
-		// turns follow on without a gap; but no later than a fifth of the
-		// way from the last call to that turn: a waiter's place in the
-		// fleet's order is taken at the call, and one kept back until the
-		// last held turn would queue behind every other process's waiters
-		// that came after it. Its wait is then at most about 1.2 times
-		// the wait of a first come, first served queue. (A pacer keeps its
-		// waiters back until then: its queue's depth counts what is
-		// reserved in Redis, and a process that reserved for its waiters
-		// early would fill the fleet's queue with them.)
-		// A change of the key's rate moves the turns held (batchLane.retime)
-		// and so this call: a raise brings it in. (Kept to the old due, the
-		// waiters kept back reserved when the turns held at the old rate
-		// would have ended, half a second after those brought in.)
-		due := l.held.Add(-2*l.rtt - time.Millisecond)
-		if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); s.burst > 0 && cap.Before(due) {
-			due = cap
-		}
-		now := s.clock.Now()
-		r := s.retimingsLocked(id, now)
-		r.last = maxTime(r.last, now)
-		moved := r.moved
-		s.mu.Unlock()
+		due, moved := s.nextCall(id, l)
 		if d := due.Sub(s.clock.Now()); d > 0 {
 			t := s.clock.NewTimer(d)
 			select {
@@ -302,35 +288,75 @@ func (s *shared) lead(id string, l *batchLane) {
 			continue
 		}
 		s.mu.Unlock()
+		s.callBatch(id, l, batch)
+	}
+}
 
-		start := s.clock.Now()
-		results, paused, err := s.runReserve(id, batch)
-		now = s.clock.Now()
-		s.mu.Lock()
-		l.rtt, l.called = now.Sub(start), now
-		if err == nil {
-			l.paused = now.Add(paused)
+// nextCall returns when the lead of key id, whose lane is l, makes its
+// next call, and the channel closed at the next change of the key's rate,
+// which moves that time (the lead then asks again). The lead's wait keeps
+// the key's changes from being dropped as at rest (see retimings.atRest).
+// It takes s.mu.
+func (s *shared) nextCall(id string, l *batchLane) (due time.Time, moved <-chan struct{}) {
+	s.mu.Lock()
+	// Call again shortly before the last turn held, so that the new
+	// turns follow on without a gap; but no later than a fifth of the
+	// way from the last call to that turn: a waiter's place in the
+	// fleet's order is taken at the call, and one kept back until the
+	// last held turn would queue behind every other process's waiters
+	// that came after it. Its wait is then at most about 1.2 times
+	// the wait of a first come, first served queue. (A pacer keeps its
+	// waiters back until then: its queue's depth counts what is
+	// reserved in Redis, and a process that reserved for its waiters
+	// early would fill the fleet's queue with them.)
+	// A change of the key's rate moves the turns held (batchLane.retime)
+	// and so this call: a raise brings it in. (Kept to the old due, the
+	// waiters kept back reserved when the turns held at the old rate
+	// would have ended, half a second after those brought in.)
+	due = l.held.Add(-2*l.rtt - time.Millisecond)
+	if cap := l.called.Add(l.held.Sub(l.called) / coalesceShare); s.burst > 0 && cap.Before(due) {
+		due = cap
+	}
+	now := s.clock.Now()
+	r := s.retimingsLocked(id, now)
+	r.last = maxTime(r.last, now)
+	moved = r.moved
+	s.mu.Unlock()
+	return due, moved
+}
+
+// callBatch runs the script call for batch, the waiters the lead of key
+// id took from its lane l, notes what the reply says of the turns this
+// process holds, and then gives each waiter its result, or the call's
+// error.
+func (s *shared) callBatch(id string, l *batchLane, batch []*pending) {
+	start := s.clock.Now()
+	results, paused, err := s.runReserve(id, batch)
+	now := s.clock.Now()
+	s.mu.Lock()
+	l.rtt, l.called = now.Sub(start), now
+	if err == nil {
+		l.paused = now.Add(paused)
+	}
+	for i, r := range results {
+		if r.probe {
+			s.probedLocked(id, r.at.Add(r.wait))
 		}
-		for i, r := range results {
-			if r.probe {
-				s.probedLocked(id, r.at.Add(r.wait))
+		if r.code == 0 {
+			if at := r.at.Add(r.wait); at.After(l.held) {
+				l.held, l.heldAt = at, r.moves
 			}
-			if r.code == 0 {
-				if at := r.at.Add(r.wait); at.After(l.held) {
-					l.held, l.heldAt = at, r.moves
-				}
-				if s.depth >= 0 {
-					l.turns = append(l.turns, heldTurn{at: r.at.Add(r.wait), cost: batch[i].cost, moves: r.moves})
-				}
+			if s.depth >= 0 {
+				l.turns = append(l.turns, heldTurn{at: r.at.Add(r.wait), cost: batch[i].cost, moves: r.moves})
 			}
 		}
-		s.mu.Unlock()
-		for i, p := range batch {
-			if err != nil {
-				p.res <- reserved{err: err}
-			} else {
-				p.res <- results[i]
-			}
+	}
+	s.mu.Unlock()
+	for i, p := range batch {
+		if err != nil {
+			p.res <- reserved{err: err}
+		} else {
+			p.res <- results[i]
 		}
 	}
 }
@@ -339,37 +365,7 @@ func (s *shared) lead(id string, l *batchLane) {
 // returns each request's result and the key's hold left, as the script
 // saw it.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Duration, error) {
-	args := make([]any, 0, 18+2*len(batch))
-	now := s.clock.Now()
-	s.mu.Lock()
-	// A process's first call on a key is waited for up to maxCommandWait:
-	// the first requests of a process meet its busiest moment (its
-	// connections opened, its scripts loaded, every instance of a fleet
-	// started at once doing the same: with 256 in one process, the first
-	// calls took 150 ms and more, and 38 to 146 of them went to the
-	// fallback).
-	ln, ok := s.lanes.m[id]
-	first := ok && ln.called.IsZero()
-	args = append(args, s.rate.PerSecond(), s.usableAt(id, now), s.depth)
-	args = s.learnArgs(args)
-	var rep *budgetReport
-	if l, ok := s.learnt.m[id]; ok {
-		rep, l.report = l.report, nil
-	}
-	s.mu.Unlock()
-	args = append(args, budgetArgs(rep, now)...)
-	read := int64(-1)
-	if rep != nil {
-		read = max(micros(now.Sub(rep.read)), 0)
-	}
-	args = append(args, micros(probeHold), s.channel(), id, read)
-	for _, p := range batch {
-		maxWait := int64(-1) // none
-		if !p.limit.IsZero() {
-			maxWait = max(micros(p.limit.Sub(now)), 0)
-		}
-		args = append(args, p.cost, maxWait)
-	}
+	args, first := s.reserveArgs(id, batch)
 	s.roundTrips.Add(1)
 	var reply any
 	beat := s.beatDue()
@@ -408,6 +404,45 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 		}
 	}
 	return results, paused, nil
+}
+
+// reserveArgs returns the reservation script's arguments for batch on
+// key id, the key's budget report not yet sent among them (taken from its
+// learnt state, so that it goes once), and whether the call is the
+// process's first on the key. It takes s.mu.
+func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first bool) {
+	args = make([]any, 0, 18+2*len(batch))
+	now := s.clock.Now()
+	s.mu.Lock()
+	// A process's first call on a key is waited for up to maxCommandWait:
+	// the first requests of a process meet its busiest moment (its
+	// connections opened, its scripts loaded, every instance of a fleet
+	// started at once doing the same: with 256 in one process, the first
+	// calls took 150 ms and more, and 38 to 146 of them went to the
+	// fallback).
+	ln, ok := s.lanes.m[id]
+	first = ok && ln.called.IsZero()
+	args = append(args, s.rate.PerSecond(), s.usableAt(id, now), s.depth)
+	args = s.learnArgs(args)
+	var rep *budgetReport
+	if l, ok := s.learnt.m[id]; ok {
+		rep, l.report = l.report, nil
+	}
+	s.mu.Unlock()
+	args = append(args, budgetArgs(rep, now)...)
+	read := int64(-1)
+	if rep != nil {
+		read = max(micros(now.Sub(rep.read)), 0)
+	}
+	args = append(args, micros(probeHold), s.channel(), id, read)
+	for _, p := range batch {
+		maxWait := int64(-1) // none
+		if !p.limit.IsZero() {
+			maxWait = max(micros(p.limit.Sub(now)), 0)
+		}
+		args = append(args, p.cost, maxWait)
+	}
+	return args, first
 }
 
 // reserveBeating runs the reservation script with a heartbeat beside it,

@@ -392,19 +392,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	if rep != nil {
 		unit, inFlight = micros(rep.unit), rep.inFlight
 	}
-	// The probes after a hold that a throttle without counts sets, after a
-	// sign or a long hold (see storm): the script arms them for the fleet.
-	k, gap, long := 0, time.Duration(0), false
-	if !hasQ && sig.throttled() {
-		// (The hold without a Retry-After is a unit at the floor rate, or
-		// at the key's, which is not below it: see unsaid.)
-		hold := probeGap(s.learn.floor)
-		if sig.HasRetryAfter {
-			hold = sig.RetryAfter
-		}
-		k, gap = probing(s.learn.floor, hold)
-		long = longHold(s.learn.floor, hold)
-	}
+	k, gap, long := s.throttleProbes(sig, hasQ)
 	args = append(args, rem, lim, unit, inFlight, flag(rep != nil), micros(gap), k, flag(sign), flag(long))
 	keys := s.redisKeys(id)
 	var reply []any
@@ -417,6 +405,25 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		return controlled{}, err
 	}
 	return parseControl(reply)
+}
+
+// throttleProbes returns the probes after the hold that a throttle
+// without counts sets (sig, hasQ false), after a sign or a long hold (see
+// storm), which the control script arms for the fleet: how many, the gap
+// between them, and whether the hold is long (see longHold). Another
+// signal sets none.
+func (s *shared) throttleProbes(sig *Signal, hasQ bool) (k int, gap time.Duration, long bool) {
+	if !hasQ && sig.throttled() {
+		// (The hold without a Retry-After is a unit at the floor rate, or
+		// at the key's, which is not below it: see unsaid.)
+		hold := probeGap(s.learn.floor)
+		if sig.HasRetryAfter {
+			hold = sig.RetryAfter
+		}
+		k, gap = probing(s.learn.floor, hold)
+		long = longHold(s.learn.floor, hold)
+	}
+	return k, gap, long
 }
 
 // parseControl checks and reads the control script's reply: the rate

@@ -531,22 +531,7 @@ func (l *SharedLimits) lead(key string, ln *limitsLane) {
 	defer l.work.Done()
 	s := l.fleet
 	for {
-		l.mu.Lock()
-		back := ln.held.Sub(ln.called) / coalesceShare
-		if l.replan {
-			// The turns held move sooner with every refund: the last of
-			// them says little of when the next call is worth making.
-			back = min(back, replanHoldBack)
-		}
-		due := ln.called.Add(back)
-		// No later than the first queued waiter's latest turn allows.
-		for _, p := range ln.queue {
-			if !p.gone && !p.limit.IsZero() {
-				due = minTime(due, p.limit.Add(-2*ln.rtt-time.Millisecond))
-			}
-		}
-		ln.due = due
-		l.mu.Unlock()
+		due := l.nextCall(ln)
 		if d := due.Sub(s.clock.Now()); d > 0 {
 			t := s.clock.NewTimer(d)
 			select {
@@ -593,24 +578,56 @@ func (l *SharedLimits) lead(key string, ln *limitsLane) {
 		if len(batch) == 0 {
 			continue
 		}
-		start := s.clock.Now()
-		replies, err := l.run(ln.keys, batch)
-		l.mu.Lock()
-		if err == nil {
-			ln.called, ln.rtt = replies[0].at, replies[0].at.Sub(start)
-			for _, r := range replies {
-				if !r.refused {
-					ln.held = maxTime(ln.held, r.at.Add(r.wait))
-				}
+		l.callBatch(ln, batch)
+	}
+}
+
+// nextCall returns when the lead of ln makes its next call, and notes it
+// in ln.due (see reserve): a fifth of the way from its last call to the
+// last turn it holds (at most replanHoldBack after that call when refunds
+// move the turns), and no later than the first queued waiter's latest
+// turn allows. It takes l.mu.
+func (l *SharedLimits) nextCall(ln *limitsLane) time.Time {
+	l.mu.Lock()
+	back := ln.held.Sub(ln.called) / coalesceShare
+	if l.replan {
+		// The turns held move sooner with every refund: the last of
+		// them says little of when the next call is worth making.
+		back = min(back, replanHoldBack)
+	}
+	due := ln.called.Add(back)
+	// No later than the first queued waiter's latest turn allows.
+	for _, p := range ln.queue {
+		if !p.gone && !p.limit.IsZero() {
+			due = minTime(due, p.limit.Add(-2*ln.rtt-time.Millisecond))
+		}
+	}
+	ln.due = due
+	l.mu.Unlock()
+	return due
+}
+
+// callBatch makes the reservation call for batch, the waiters the lead of
+// ln took from its queue, notes the call and the latest turn it gave this
+// process, and then gives each waiter its reply, or the call's error.
+func (l *SharedLimits) callBatch(ln *limitsLane, batch []*limitsPending) {
+	start := l.fleet.clock.Now()
+	replies, err := l.run(ln.keys, batch)
+	l.mu.Lock()
+	if err == nil {
+		ln.called, ln.rtt = replies[0].at, replies[0].at.Sub(start)
+		for _, r := range replies {
+			if !r.refused {
+				ln.held = maxTime(ln.held, r.at.Add(r.wait))
 			}
 		}
-		l.mu.Unlock()
-		for i, p := range batch {
-			if err != nil {
-				p.res <- limitsReply{err: err}
-			} else {
-				p.res <- replies[i]
-			}
+	}
+	l.mu.Unlock()
+	for i, p := range batch {
+		if err != nil {
+			p.res <- limitsReply{err: err}
+		} else {
+			p.res <- replies[i]
 		}
 	}
 }
