@@ -602,27 +602,33 @@ return {redis.call('HGET', 'de', 'wmax')}`, turns, (span / turns).Microseconds()
 // (by beta: too few outcomes then): the estimate is 70 × 2/12 = 11.7/s,
 // and the rate goes to 0.49 × 70 = 34.3/s.
 func TestSharedEstimateGoesAtMostBetaTwice(t *testing.T) {
-	l, cfg, goSt, learn := sharedBesideGo(t, "deep", false)
+	fc := clock.NewFake(time.Now())
+	l := newSharedTB(t, redistest.Start(t).Client(t), "deep", PerSecond(100), 10, WithCommandTimeout(roomyTimeout), onClock(fc))
+	cfg, goSt := l.learn, new(ctlState)
+	learn := func(s Signal) {
+		goSt.learn(&cfg, &s)
+		require.NoError(t, l.Learn(context.Background(), "k", s).Err)
+	}
 	refusal := func(sent time.Time) Signal {
-		return Signal{Now: time.Now(), SentAt: sent, Status: 429, HasRetryAfter: true, Quotas: []Quota{{Limit: 10, HasLimit: true,
+		return Signal{Now: fc.Now(), SentAt: sent, Status: 429, HasRetryAfter: true, Quotas: []Quota{{Limit: 10, HasLimit: true,
 			Remaining: 0, HasRemaining: true, Reset: time.Second, HasReset: true, Kind: ResetKindBucket}}}
 	}
-	burst := time.Now()
+	burst := fc.Now()
 	for range 2 {
-		learn(Signal{Now: time.Now(), SentAt: burst, Status: 200})
+		learn(Signal{Now: fc.Now(), SentAt: burst, Status: 200})
 	}
 	for range 9 {
 		learn(refusal(burst))
 	}
-	require.InDelta(t, 70, goSt.rate(cfg, time.Now()), 1, "the first refusal: by beta")
-	time.Sleep(5 * time.Millisecond)
-	learn(refusal(time.Now()))
-	est, ok := goSt.meter.estimate(time.Now(), 70)
+	require.InDelta(t, 70, goSt.rate(&cfg, fc.Now()), 1e-6, "the first refusal: by beta")
+	fc.Advance(5 * time.Millisecond)
+	learn(refusal(fc.Now()))
+	est, ok := goSt.meter.estimate(fc.Now(), 70)
 	require.True(t, ok)
 	require.Less(t, est, 15.0, "an estimate far below the rate")
 	want := cfg.beta * cfg.beta * 70
-	assert.InDelta(t, want, goSt.rate(cfg, time.Now()), 1, "the Go: beta twice")
-	assert.InDelta(t, want, l.EffectiveRate("k").PerSecond(), 1, "the script: beta twice")
+	assert.InDelta(t, want, goSt.rate(&cfg, fc.Now()), 1e-6, "the Go: beta twice")
+	assert.InDelta(t, want, l.EffectiveRate("k").PerSecond(), 1e-6, "the script: beta twice")
 }
 
 // TestSharedControllerSteps runs the controller's step tables through a

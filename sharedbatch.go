@@ -411,7 +411,6 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 // learnt state, so that it goes once), and whether the call is the
 // process's first on the key. It takes s.mu.
 func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first bool) {
-	args = make([]any, 0, 18+2*len(batch))
 	now := s.clock.Now()
 	s.mu.Lock()
 	// A process's first call on a key is waited for up to maxCommandWait:
@@ -422,25 +421,23 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	// fallback).
 	ln, ok := s.lanes.m[id]
 	first = ok && ln.called.IsZero()
-	args = append(args, s.rate.PerSecond(), s.usableAt(id, now), s.depth)
-	args = s.learnArgs(args)
+	a := reserveArgv{
+		configured: s.rate.PerSecond(), usable: s.usableAt(id, now), depth: s.depth,
+		discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor,
+		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1,
+	}
 	var rep *budgetReport
 	if l, ok := s.learnt.m[id]; ok {
 		rep, l.report = l.report, nil
 	}
 	s.mu.Unlock()
-	args = append(args, budgetArgs(rep, now)...)
-	read := int64(-1)
+	a.budgetArgv = budgetArgs(rep, now)
 	if rep != nil {
-		read = max(micros(now.Sub(rep.read)), 0)
+		a.read = max(micros(now.Sub(rep.read)), 0)
 	}
-	args = append(args, micros(probeHold), s.channel(), id, read)
+	args = argv(make([]any, 0, 19+2*len(batch)), &a)
 	for _, p := range batch {
-		maxWait := int64(-1) // none
-		if !p.limit.IsZero() {
-			maxWait = max(micros(p.limit.Sub(now)), 0)
-		}
-		args = append(args, p.cost, maxWait)
+		args = argv(args, &reserveRequest{cost: p.cost, maxWait: maxWaitArg(p.limit, now)})
 	}
 	return args, first
 }

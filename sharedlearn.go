@@ -76,15 +76,18 @@ func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *b
 // remaining (-1 for none), the reset left, the unit, how long ago its
 // request was sent (-1 when unknown), the in-flight estimate, the kind, the
 // limit (-1 for none), the reset's resolution.
-func budgetArgs(r *budgetReport, now time.Time) []any {
+func budgetArgs(r *budgetReport, now time.Time) budgetArgv {
 	if r == nil || r.read.Add(r.reset).Before(now) {
-		return []any{-1, 0, 0, -1, 0, 0, -1, micros(time.Second)}
+		return budgetArgv{remaining: -1, ago: -1, limit: -1, resolution: micros(time.Second)}
 	}
 	ago := int64(-1)
 	if !r.sent.IsZero() {
 		ago = max(micros(now.Sub(r.sent)), 0)
 	}
-	return []any{r.remaining, micros(r.reset - now.Sub(r.read)), micros(r.unit), ago, r.inFlight, int(r.kind), r.limit, micros(resetResolution(r.reset))}
+	return budgetArgv{
+		remaining: r.remaining, reset: micros(r.reset - now.Sub(r.read)), unit: micros(r.unit), ago: ago,
+		inFlight: r.inFlight, kind: int(r.kind), limit: r.limit, resolution: micros(resetResolution(r.reset)),
+	}
 }
 
 func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
@@ -108,15 +111,6 @@ func (s *shared) learntRateLocked(id string) Rate {
 		return PerSecond(l.rate)
 	}
 	return s.rate
-}
-
-// learnArgs are the scripts' discovery arguments: on or off, C and floor.
-func (s *shared) learnArgs(args []any) []any {
-	on := 0
-	if s.learn.discover {
-		on = 1
-	}
-	return append(args, on, s.learn.c, s.learn.floor)
 }
 
 // seen records the rate a script reply gave for key id, and returns its
@@ -354,51 +348,42 @@ func (l *learntRate) probe(sent time.Time, floor float64) bool {
 
 // control runs the control script for key id: one round trip.
 func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
-	flag := func(b bool) int {
-		if b {
-			return 1
-		}
-		return 0
+	a := controlArgv{
+		configured: s.rate.PerSecond(), discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor, beta: s.learn.beta,
+		advertised: adv, advTTL: micros(advertisedTTL),
+		exhausted: b2i(ev == evExhausted), throttled: b2i(sig.throttled()),
+		accepted: b2i(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices),
+		ago:      -1, reset: -1, retryAfter: -1, remaining: -1, limit: -1,
+		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0),
+		estimate: est, usable: s.usable, probeHold: micros(probeHold), channel: s.channel(), id: id,
+		kind: int(q.Kind), other: b2i(ev == evOther), bare: b2i(!hasQ), stormTTL: micros(stormTTL),
+		budget: b2i(rep != nil), sign: b2i(sign),
 	}
-	ago, reset, ra := int64(-1), int64(-1), int64(-1)
 	if !sig.SentAt.IsZero() {
-		ago = max(micros(sig.Now.Sub(sig.SentAt)), 0)
+		a.ago = max(micros(sig.Now.Sub(sig.SentAt)), 0)
 	}
 	if hasQ && q.HasReset {
-		reset = micros(q.Reset)
+		a.reset = micros(q.Reset)
 	}
 	if sig.HasRetryAfter {
-		ra = micros(sig.RetryAfter)
+		a.retryAfter = micros(sig.RetryAfter)
 	}
-	on := 0
-	if s.learn.discover {
-		on = 1
-	}
-	args := []any{
-		s.rate.PerSecond(), on, s.learn.c, s.learn.floor, s.learn.beta,
-		adv, micros(advertisedTTL),
-		flag(ev == evExhausted), flag(sig.throttled()), flag(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices), ago,
-		reset, flag(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0), ra,
-		est, s.usable, micros(probeHold), s.channel(), id, int(q.Kind), flag(ev == evOther),
-		flag(!hasQ), micros(stormTTL),
-	}
-	rem, lim, unit, inFlight := -1.0, -1.0, int64(0), 0.0
 	if hasQ {
-		rem = q.Remaining
+		a.remaining = q.Remaining
 	}
 	if hasQ && q.HasLimit {
-		lim = q.Limit
+		a.limit = q.Limit
 	}
 	if rep != nil {
-		unit, inFlight = micros(rep.unit), rep.inFlight
+		a.unit, a.inFlight = micros(rep.unit), rep.inFlight
 	}
-	k, gap, long := s.throttleProbes(sig, hasQ)
-	args = append(args, rem, lim, unit, inFlight, flag(rep != nil), micros(gap), k, flag(sign), flag(long))
+	probes, gap, long := s.throttleProbes(sig, hasQ)
+	a.probes, a.probeGap, a.long = probes, micros(gap), b2i(long)
 	keys := s.redisKeys(id)
 	var reply []any
 	err := s.do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = runScript(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, args...).Slice()
+		reply, err = runScript(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, argv(make([]any, 0, 33), &a)...).Slice()
 		return err
 	})
 	if err != nil {

@@ -643,11 +643,7 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 		for i := range l.limits {
 			args = append(args, p.cost.Of(l.limits[i].dim))
 		}
-		maxWait := int64(-1) // none
-		if !p.limit.IsZero() {
-			maxWait = max(micros(p.limit.Sub(now)), 0)
-		}
-		args = append(args, maxWait)
+		args = append(args, maxWaitArg(p.limit, now))
 	}
 	s.roundTrips.Add(1)
 	var reply any
