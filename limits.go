@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/window"
 )
 
 // Cost is what one request costs, in each dimension a limit may count. The
@@ -214,14 +215,14 @@ type Limits struct {
 type limitState struct {
 	tat     time.Time   // a bucket's theoretical arrival time: full when ≤ now
 	last    time.Time   // a bucket's latest turn given
-	log     grantLog    // a window's grants
+	log     window.Log  // a window's grants
 	settled settleStats // a window's: how its grants have been settling (limits_settle.go)
 	open    []openGrant // a window's grants given and not yet settled, once settled tracks them
 }
 
 func (s *limitState) atRest(now time.Time) bool {
-	if s.log.w > 0 {
-		return s.log.atRest(now)
+	if s.log.W > 0 {
+		return s.log.AtRest(now)
 	}
 	return !s.tat.After(now)
 }
@@ -440,7 +441,7 @@ func (l *Limits) replan(now time.Time) {
 		w := ws[j]
 		for i := range l.limits {
 			if c := w.cost.Of(l.limits[i].dim); c > 0 {
-				l.states[i].m[l.limits[i].key(w.key)].log.remove(w.at, c)
+				l.states[i].m[l.limits[i].key(w.key)].log.Remove(w.at, c)
 			}
 		}
 	}
@@ -471,7 +472,7 @@ func (l *Limits) regrant(w *limitsWaiter, now time.Time) {
 	at = minTime(at, w.at)
 	for i := range l.limits {
 		if c := w.cost.Of(l.limits[i].dim); c > 0 {
-			l.state(i, w.key, now).log.insert(at, c) // a window: replan moves no bucket's turn
+			l.state(i, w.key, now).log.Insert(at, c) // a window: replan moves no bucket's turn
 		}
 	}
 	if !at.Equal(w.at) {
@@ -491,7 +492,7 @@ func (l *Limits) holdsGrantOf(w *limitsWaiter) bool {
 			continue
 		}
 		st, ok := l.states[i].m[l.limits[i].key(w.key)]
-		if !ok || st.log.find(w.at, c) < 0 {
+		if !ok || st.log.Find(w.at, c) < 0 {
 			return false
 		}
 	}
@@ -564,12 +565,12 @@ func (l *Limits) state(i int, key string, now time.Time) *limitState {
 	if !ok {
 		s = &limitState{}
 		if lim.window {
-			s.log.w = lim.w + l.margin
+			s.log.W = lim.w + l.margin
 		}
 		l.states[i].put(k, s)
 	}
 	if lim.window {
-		s.log.trim(now)
+		s.log.Trim(now)
 		s.trimOpen(now)
 	}
 	return s
@@ -579,7 +580,7 @@ func (l *Limits) state(i int, key string, now time.Time) *limitState {
 // grant c (≤ its burst or n).
 func (s *limitState) earliest(lim *Limit, c int, now time.Time) time.Time {
 	if lim.window {
-		return s.log.earliest(now, c, lim.n)
+		return s.log.Earliest(now, c, lim.n)
 	}
 	// GCRA: a request of c at t conforms when max(tat, t) + c·I − t ≤ burst·I.
 	return maxTime(now, s.tat.Add(-durationOf(lim.n-c, lim.rate)))
@@ -588,7 +589,7 @@ func (s *limitState) earliest(lim *Limit, c int, now time.Time) time.Time {
 // take grants c at turn at, which earliest allowed.
 func (s *limitState) take(lim *Limit, c int, at time.Time) {
 	if lim.window {
-		s.log.add(at, c)
+		s.log.Add(at, c)
 		return
 	}
 	s.tat = maxTime(s.tat, at).Add(durationOf(c, lim.rate))
@@ -661,21 +662,21 @@ func (l *Limits) settleLocked(g Grant, actual Cost, now time.Time) (refunded boo
 		}
 		switch {
 		case lim.window:
-			s.log.trim(now) // a grant that has left the window is not adjusted
+			s.log.Trim(now) // a grant that has left the window is not adjusted
 			switch {
-			case from > 0 && s.log.adjust(g.At, from, to):
+			case from > 0 && s.log.Adjust(g.At, from, to):
 				refunded = refunded || to < from
 				if to == 0 && g.At.After(now) {
-					s.log.remove(g.At, 0) // a turn still to come, given back: replan gives the turns after it again
+					s.log.Remove(g.At, 0) // a turn still to come, given back: replan gives the turns after it again
 				}
 			case to <= from:
 				// a refund of a turn that has left the window: nothing to give back
-			case g.At.Add(s.log.w).After(now) && from == 0:
-				s.log.insert(g.At, to) // a cost of 0 took no entry
+			case g.At.Add(s.log.W).After(now) && from == 0:
+				s.log.Insert(g.At, to) // a cost of 0 took no entry
 			default:
 				// Its turn has left the window (a stream longer than it): the
 				// difference counts from now.
-				s.log.insert(now, to-from)
+				s.log.Insert(now, to-from)
 			}
 		case to > from:
 			// Charged as a grant of the difference now: a later refund
@@ -746,7 +747,7 @@ func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 		return // room for the whole limit (or a count too large to read)
 	}
 	if lim.window {
-		reset := s.log.w
+		reset := s.log.W
 		if q.HasReset && q.Reset < reset {
 			reset = q.Reset
 		}
@@ -754,9 +755,9 @@ func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 		// back: a window provider gives nothing back before it, so the
 		// excess counts only the grants that stay past it. A bucket
 		// provider gives back as it refills, as the grants leave.
-		held := s.log.sum
+		held := s.log.Sum
 		if q.Kind != ResetKindBucket {
-			held = s.log.staying(now.Add(reset))
+			held = s.log.Staying(now.Add(reset))
 		}
 		excess := lim.n - held - int(math.Ceil(keep))
 		if excess <= 0 {
@@ -770,7 +771,7 @@ func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 		}
 		for i := 1; i <= parts; i++ {
 			n := excess*i/parts - excess*(i-1)/parts
-			s.log.insert(now.Add(reset*time.Duration(i)/time.Duration(parts)-s.log.w), n)
+			s.log.Insert(now.Add(reset*time.Duration(i)/time.Duration(parts)-s.log.W), n)
 		}
 		return
 	}

@@ -645,16 +645,16 @@ func limSnapshot(l *Limits, now time.Time, into limSnap) limSnap {
 
 // limRowsOf appends the rows of key's state s at now to rows.
 func limRowsOf(rows []limRow, key string, s *limitState, now time.Time) []limRow {
-	if s.log.w == 0 { // a bucket
+	if s.log.W == 0 { // a bucket
 		if s.tat.After(now) {
 			rows = append(rows, limRow{key: key, at: s.tat.Sub(limiterEpoch)})
 		}
 		return rows
 	}
-	head, gone := len(rows), now.Add(-s.log.w) // a grant at or before gone has left
-	rows = append(rows, limRow{key: key, n: s.log.sum})
-	for j, at := range s.log.at[s.log.first:] {
-		cost := int(s.log.cost[s.log.first+j])
+	head, gone := len(rows), now.Add(-s.log.W) // a grant at or before gone has left
+	rows = append(rows, limRow{key: key, n: s.log.Sum})
+	for j, at := range s.log.At[s.log.First:] {
+		cost := int(s.log.Cost[s.log.First+j])
 		if !at.After(gone) {
 			rows[head].n -= cost
 			continue
@@ -681,7 +681,7 @@ func limCopy(c *Limits, fc *clock.Fake, l *Limits, now time.Time) {
 		to.peak, to.lastSweep = l.states[i].peak, l.states[i].lastSweep
 		for k, s := range l.states[i].m {
 			cs := *s
-			cs.log.at, cs.log.cost = slices.Clone(s.log.at), slices.Clone(s.log.cost)
+			cs.log.At, cs.log.Cost = slices.Clone(s.log.At), slices.Clone(s.log.Cost)
 			to.m[k] = &cs
 		}
 	}

@@ -318,12 +318,12 @@ func limitsTrace(l *Limits) string {
 			continue
 		}
 		var es []string
-		for j := st.log.first; j < len(st.log.at); j++ {
-			es = append(es, fmt.Sprintf("%v:%d", st.log.at[j].Sub(limiterEpoch), st.log.cost[j]))
+		for j := st.log.First; j < len(st.log.At); j++ {
+			es = append(es, fmt.Sprintf("%v:%d", st.log.At[j].Sub(limiterEpoch), st.log.Cost[j]))
 		}
 		open := slices.Clone(st.open)
 		slices.SortFunc(open, func(a, b openGrant) int { return a.at.Compare(b.at) })
-		s += fmt.Sprintf("; limit %d: sum %d log %v settled %+v open %v", i, st.log.sum, es, st.settled, open)
+		s += fmt.Sprintf("; limit %d: sum %d log %v settled %+v open %v", i, st.log.Sum, es, st.settled, open)
 	}
 	return s
 }

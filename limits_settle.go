@@ -99,7 +99,7 @@ func (s *limitState) trimOpen(now time.Time) {
 	if len(s.open) == 0 {
 		return
 	}
-	s.open = slices.DeleteFunc(s.open, func(o openGrant) bool { return !o.at.Add(s.log.w).After(now) })
+	s.open = slices.DeleteFunc(s.open, func(o openGrant) bool { return !o.at.Add(s.log.W).After(now) })
 }
 
 // closeOpen forgets the grant of cost at turn at, settled.
@@ -347,11 +347,11 @@ func (p *plan) state(i int, key string) *planState {
 	}
 	s := &planState{n: lim.n, win: lim.w + p.l.margin}
 	if st, ok := p.l.states[i].m[k.key]; ok {
-		st.log.trim(p.now)
+		st.log.Trim(p.now)
 		st.trimOpen(p.now)
-		s.win, s.stats = st.log.w, st.settled
-		for j := st.log.first; j < len(st.log.at); j++ {
-			s.es = append(s.es, planEntry{at: st.log.at[j], est: int(st.log.cost[j]), exp: int(st.log.cost[j])})
+		s.win, s.stats = st.log.W, st.settled
+		for j := st.log.First; j < len(st.log.At); j++ {
+			s.es = append(s.es, planEntry{at: st.log.At[j], est: int(st.log.Cost[j]), exp: int(st.log.Cost[j])})
 		}
 		for _, o := range st.open {
 			if j := s.find(o.at, int(o.cost), false); j >= 0 {

@@ -3,11 +3,11 @@ package egress
 import (
 	"context"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/window"
 )
 
 // WindowLimit is a local sliding-window limit per key: at most n cost units
@@ -39,23 +39,14 @@ type WindowLimit struct {
 	clock clock.Clock
 
 	mu   sync.Mutex
-	logs keyed[*grantLog] // guarded by mu
+	logs keyed[*windowLog] // guarded by mu
 }
 
-// grantLog is one key's grants still in the window, in time order (the
-// last ones may be in the future: turns given to waiters). Guarded by the
-// limit's mu.
-type grantLog struct {
-	at    []time.Time
-	cost  []int32
-	sum   int           // the costs in the log
-	first int           // at[:first] are gone (trimmed lazily)
-	w     time.Duration // the window, to tell when the log is at rest
-}
+// windowLog is one key's grants still in the window (see window.Log).
+// Guarded by the limit's mu.
+type windowLog struct{ window.Log }
 
-func (g *grantLog) atRest(now time.Time) bool {
-	return g.first == len(g.at) || !g.at[len(g.at)-1].Add(g.w).After(now)
-}
+func (g *windowLog) atRest(now time.Time) bool { return g.AtRest(now) }
 
 // NewWindowLimit returns a sliding-window limit of n cost units in any
 // window w per key. n must be at least 1 and w positive.
@@ -67,7 +58,7 @@ func NewWindowLimit(n int, w time.Duration) (*WindowLimit, error) {
 	if w <= 0 {
 		return nil, configError(op+": window", w, "must be positive")
 	}
-	return &WindowLimit{n: n, w: w, clock: clock.Real{}, logs: newKeyed[*grantLog]()}, nil
+	return &WindowLimit{n: n, w: w, clock: clock.Real{}, logs: newKeyed[*windowLog]()}, nil
 }
 
 // Rate returns the limit's average rate, n per w.
@@ -105,123 +96,16 @@ func (l *WindowLimit) reserve(key string, cost int, b budget) (at, now time.Time
 	now = l.clock.Now()
 	g, ok := l.logs.get(key, now)
 	if !ok {
-		g = &grantLog{w: l.w}
+		g = &windowLog{window.Log{W: l.w}}
 		l.logs.put(key, g)
 	}
-	g.trim(now)
-	at = g.earliest(now, cost, l.n)
+	g.Trim(now)
+	at = g.Earliest(now, cost, l.n)
 	if e := b.refuse(now, key, cost, at.Sub(now)); e != nil {
 		return time.Time{}, now, e
 	}
-	g.add(at, cost)
+	g.Add(at, cost)
 	return at, now, nil
-}
-
-// earliest returns the first turn, at or after from and after every turn
-// given before, at which the window ending there holds at most n − cost.
-func (g *grantLog) earliest(from time.Time, cost, n int) time.Time {
-	at := from
-	if len(g.at) > g.first {
-		at = maxTime(at, g.at[len(g.at)-1]) // after every turn given before
-	}
-	// Entries in (at−w, at] count. Drop from the count those out of that
-	// window, then the oldest until cost fits, and go when the last one
-	// dropped leaves the window.
-	sum, i := g.sum, g.first
-	for ; i < len(g.at) && !g.at[i].Add(g.w).After(at); i++ {
-		sum -= int(g.cost[i])
-	}
-	j := i
-	for ; sum+cost > n; j++ {
-		sum -= int(g.cost[j])
-	}
-	if j > i {
-		at = g.at[j-1].Add(g.w)
-	}
-	return at
-}
-
-// add records a grant of cost at turn at, which must be at or after every
-// turn given before (earliest's).
-func (g *grantLog) add(at time.Time, cost int) {
-	g.at = append(g.at, at)
-	g.cost = append(g.cost, int32(cost))
-	g.sum += cost
-}
-
-// staying returns the costs of the grants still in the window at t.
-func (g *grantLog) staying(t time.Time) int {
-	n := 0
-	for i := g.first; i < len(g.at); i++ {
-		if g.at[i].Add(g.w).After(t) {
-			n += int(g.cost[i])
-		}
-	}
-	return n
-}
-
-// insert records a grant of cost at turn at, in time order (a cost
-// charged after the fact, at a turn before later ones).
-func (g *grantLog) insert(at time.Time, cost int) {
-	i := len(g.at)
-	for i > g.first && g.at[i-1].After(at) {
-		i--
-	}
-	g.at = append(g.at, time.Time{})
-	g.cost = append(g.cost, 0)
-	copy(g.at[i+1:], g.at[i:])
-	copy(g.cost[i+1:], g.cost[i:])
-	g.at[i], g.cost[i] = at, int32(cost)
-	g.sum += cost
-}
-
-// adjust changes the cost of the grant of cost from at turn at to cost to
-// (a settlement; 0 gives the turn back), and reports whether it was still
-// in the log. The turns after it stay where they are.
-func (g *grantLog) adjust(at time.Time, from, to int) bool {
-	i := g.find(at, from)
-	if i < 0 {
-		return false
-	}
-	g.sum += to - from
-	g.cost[i] = int32(to) // kept in place, so that the log stays in time order
-	return true
-}
-
-// find returns the index of the last grant of cost at turn at, or -1.
-func (g *grantLog) find(at time.Time, cost int) int {
-	for i := len(g.at) - 1; i >= g.first; i-- {
-		if g.at[i].Equal(at) && int(g.cost[i]) == cost {
-			return i
-		}
-		if g.at[i].Before(at) {
-			return -1
-		}
-	}
-	return -1
-}
-
-// remove takes the grant of cost at turn at out of the log, if it is in it.
-func (g *grantLog) remove(at time.Time, cost int) {
-	if i := g.find(at, cost); i >= 0 {
-		g.at = slices.Delete(g.at, i, i+1)
-		g.cost = slices.Delete(g.cost, i, i+1)
-		g.sum -= cost
-	}
-}
-
-// trim drops the grants that left the window by now, and compacts the log
-// when most of it is gone.
-func (g *grantLog) trim(now time.Time) {
-	for g.first < len(g.at) && !g.at[g.first].Add(g.w).After(now) {
-		g.sum -= int(g.cost[g.first])
-		g.first++
-	}
-	if g.first > 32 && g.first*2 > len(g.at) {
-		n := copy(g.at, g.at[g.first:])
-		copy(g.cost, g.cost[g.first:])
-		g.at, g.cost, g.first = g.at[:n], g.cost[:n], 0
-	}
 }
 
 // cancel gives back the turn at of cost, which its waiter did not use. The
@@ -233,7 +117,7 @@ func (l *WindowLimit) cancel(key string, at time.Time, cost int) {
 	if !ok {
 		return
 	}
-	g.adjust(at, cost, 0)
+	g.Adjust(at, cost, 0)
 }
 
 // Used returns the cost units granted to key in the window ending now.
@@ -245,11 +129,11 @@ func (l *WindowLimit) Used(key string) int {
 		return 0
 	}
 	now := l.clock.Now()
-	g.trim(now)
+	g.Trim(now)
 	used := 0
-	for i := g.first; i < len(g.at); i++ {
-		if !g.at[i].After(now) {
-			used += int(g.cost[i])
+	for i := g.First; i < len(g.At); i++ {
+		if !g.At[i].After(now) {
+			used += int(g.Cost[i])
 		}
 	}
 	return used

@@ -120,7 +120,7 @@ func TestWindowLimitWaitOnFakeClock(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, recvWithin(t, errc), context.Canceled)
 	l.mu.Lock()
-	assert.Equal(t, 1, l.logs.m["k"].sum, "the cancelled turn was given back")
+	assert.Equal(t, 1, l.logs.m["k"].Sum, "the cancelled turn was given back")
 	l.mu.Unlock()
 }
 
