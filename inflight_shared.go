@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/lua"
 )
 
@@ -267,7 +268,7 @@ func (s *SharedInFlightLimit) try(id, lease string) (bool, time.Duration, error)
 	var reply []int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		reply, err = runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(min(s.live, s.lease))).Int64Slice()
+		reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(min(s.live, s.lease))).Int64Slice()
 		return err
 	})
 	if err != nil {
@@ -312,7 +313,7 @@ func (s *SharedInFlightLimit) release(id, lease string) {
 func (s *SharedInFlightLimit) releaseAll(id string, leases ...string) error {
 	args := append([]any{"release", s.channel(), id}, anys(leases)...)
 	return s.do(func(ctx context.Context) error {
-		return runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, args...).Err()
+		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, args...).Err()
 	})
 }
 
@@ -398,7 +399,7 @@ func (s *SharedInFlightLimit) wake(id string) {
 // do runs f with the command timeout, returning when it passes even if f
 // does not.
 func (s *SharedInFlightLimit) do(f func(context.Context) error) error {
-	return withTimeout(context.Background(), s.cfg.timeout, f)
+	return caller.WithTimeout(context.Background(), s.cfg.timeout, f)
 }
 
 // failed enters the fallback: a local limit of this instance's share of n
@@ -466,7 +467,7 @@ func (s *SharedInFlightLimit) beat() {
 	var n int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		n, err = runScript(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 1).Int64()
+		n, err = caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 1).Int64()
 		return err
 	})
 	if err != nil {
@@ -507,7 +508,7 @@ func (s *SharedInFlightLimit) renew() {
 		var reply []int64
 		err := s.do(func(ctx context.Context) error {
 			var err error
-			reply, err = runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"renew"}, anys(pairs)...)...).Int64Slice()
+			reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"renew"}, anys(pairs)...)...).Int64Slice()
 			return err
 		})
 		if err == nil && len(reply) == 2 && reply[0] < int64(len(pairs)/2) {
@@ -532,7 +533,7 @@ func (s *SharedInFlightLimit) adopt() {
 // are held in Redis, and those released meanwhile are removed again.
 func (s *SharedInFlightLimit) restore(id string, pairs []string) {
 	err := s.do(func(ctx context.Context) error {
-		return runScript(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"adopt"}, anys(pairs)...)...).Err()
+		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"adopt"}, anys(pairs)...)...).Err()
 	})
 	if err != nil {
 		return // next time
@@ -632,7 +633,7 @@ func (s *SharedInFlightLimit) Close() error {
 			errs = append(errs, s.releaseAll(id, leases...))
 		}
 		errs = append(errs, s.do(func(ctx context.Context) error {
-			return runScript(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 0).Err()
+			return caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 0).Err()
 		}))
 		if e := errors.Join(errs...); e != nil {
 			err = fmt.Errorf("egress: shared in-flight limit %s: close: %w", s.name, e)

@@ -8,7 +8,7 @@ import (
 // The arguments of the shared limiters' scripts, one type a script: its
 // fields are the script's ARGV, in order, each tagged with its index in
 // the script's header (internal/lua), and argv encodes them. The time, the
-// last argument of every script, is runScript's (see scriptNow).
+// last argument of every script, is caller.Run's (see caller.Now).
 // TestScriptArgsMatchHeaders holds each type to its script's header.
 
 // controlArgv is control.lua's ARGV: what a response said, and how the

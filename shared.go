@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/lua"
 )
@@ -213,11 +214,10 @@ type shared struct {
 	learn                                         learnConfig
 	reserveScript, controlScript, heartbeatScript *redis.Script
 
+	calls                caller.Caller // how it waits for Redis
 	roundTrips, admitted atomic.Int64
 	live                 atomic.Int64
-	answered             atomic.Int64                  // unix ns of Redis's last reply to this limiter; 0 for none yet
 	lastBeat             atomic.Int64                  // unix ns (wall clock) of the last heartbeat that Redis took
-	rtt                  rttEstimate                   // of the commands Redis answered
 	fallback             atomic.Pointer[fallbackState] // nil in shared mode
 	fallbackShare        atomic.Uint64                 // float64 bits: the fallback's rate over the configured one
 	lastFallback         atomic.Pointer[fallbackState] // the fallback last left, and when
@@ -401,6 +401,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 	if s.clock == nil {
 		s.clock = clock.Real{}
 	}
+	s.calls.Timeout = cfg.timeout
 	s.live.Store(1)
 	return s, nil
 }
@@ -419,23 +420,6 @@ const (
 )
 
 //go:generate go test -run ^TestScriptTune$ . -update
-
-// runScript runs one of the scripts of internal/lua with the time as its
-// last argument (see scriptNow).
-func runScript(ctx context.Context, c redis.Scripter, clk clock.Clock, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	return script.Run(ctx, c, keys, append(args, scriptNow(clk))...)
-}
-
-// scriptNow is the time argument of a script (lua.Now): the Redis
-// server's clock, unless clk is a clock of a test's own (a fake one), whose
-// time the script then takes as its now: the test runs the script and its
-// Go twin on the same instants. A nil clk is the server's.
-func scriptNow(clk clock.Clock) string {
-	if _, real := clk.(clock.Real); real || clk == nil {
-		return lua.Now(true, time.Time{})
-	}
-	return lua.Now(false, clk.Now())
-}
 
 // keyID names a caller's key in Redis: a hash, so that no key can reach
 // outside its own namespace or collide with another limiter's keys.
@@ -637,8 +621,8 @@ func (s *shared) Stats() SharedStats {
 func (s *shared) Close() error {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
-	err := s.do(context.Background(), func(ctx context.Context) error {
-		return runScript(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
+	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
+		return caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
 	})
 	if err != nil {
 		// The instance's heartbeat expires on its own (instanceTTL).
@@ -734,9 +718,9 @@ func (s *shared) beat() {
 		c.ReloadState(context.Background())
 	}
 	var n int64
-	err := s.do(context.Background(), func(ctx context.Context) error {
+	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
 		var err error
-		n, err = runScript(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1).Int64()
+		n, err = caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1).Int64()
 		return err
 	})
 	if err != nil {

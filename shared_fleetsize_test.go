@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,87 +22,6 @@ func deadRedis(t *testing.T) redis.UniversalClient {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
-}
-
-// TestSharedCommandTimeoutPatience: a command is waited for patience times
-// the timeout while Redis is known to answer (never asked yet, or answered
-// within answeredRecently), the timeout alone once it has been silent; and
-// never less than the round trips seen lately.
-func TestSharedCommandTimeoutPatience(t *testing.T) {
-	s, err := newShared("t", deadRedis(t), "n", PerSecond(100), []SharedOption{WithCommandTimeout(50 * time.Millisecond)})
-	require.NoError(t, err)
-	t0 := time.Unix(1_700_000_000, 0)
-	steps := []struct {
-		answered time.Time // zero: never
-		now      time.Time
-		want     time.Duration
-	}{
-		{time.Time{}, t0, 150 * time.Millisecond},
-		{t0, t0.Add(10 * time.Millisecond), 150 * time.Millisecond},
-		{t0, t0.Add(answeredRecently), 150 * time.Millisecond},
-		{t0, t0.Add(answeredRecently + time.Millisecond), 50 * time.Millisecond},
-	}
-	for i, st := range steps {
-		s.answered.Store(0)
-		if !st.answered.IsZero() {
-			s.answered.Store(st.answered.UnixNano())
-		}
-		assert.Equal(t, st.want, s.commandTimeout(st.now), "step %d", i)
-	}
-	// Round trips of 200 ms (a busy machine): srtt 200 ms, rttvar 100 ms.
-	s.rtt.observe(200 * time.Millisecond)
-	s.answered.Store(t0.UnixNano())
-	assert.Equal(t, 600*time.Millisecond, s.commandTimeout(t0.Add(2*answeredRecently)), "srtt + 4·rttvar")
-	assert.Equal(t, maxCommandWait, s.commandTimeout(t0), "patience times that, at most maxCommandWait")
-}
-
-// TestWithPatience: a command that overruns d is given up at d when
-// nothing else was answered meanwhile (a Redis that answers nobody), and
-// waited for, up to most, while other commands keep being answered (a
-// process short of cores, whose replies wait for the scheduler).
-func TestWithPatience(t *testing.T) {
-	const d, most = 40 * time.Millisecond, 400 * time.Millisecond
-	slow := func(reply time.Duration) func(context.Context) error {
-		return func(ctx context.Context) error {
-			select {
-			case <-time.After(reply):
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
-	var answered atomic.Int64
-
-	// Nobody answered: given up at d.
-	start := time.Now()
-	err := withPatience(context.Background(), d, most, &answered, slow(time.Second))
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), most/2, "given up at d, not at most")
-
-	// Others answered every 10 ms: the reply at 150 ms is waited for.
-	stop := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case now := <-tick.C:
-				answered.Store(now.UnixNano())
-			}
-		}
-	}()
-	err = withPatience(context.Background(), d, most, &answered, slow(150*time.Millisecond))
-	assert.NoError(t, err, "waited for while others were answered")
-
-	// Still bounded by most.
-	start = time.Now()
-	err = withPatience(context.Background(), d, most, &answered, slow(time.Second))
-	close(stop)
-	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.Less(t, time.Since(start), most+d, "never past most")
 }
 
 // TestSharedSlowAnswerIsNotAnOutage: a Redis that answers a little later
@@ -310,7 +228,7 @@ func TestSharedBeatsRideOnReservations(t *testing.T) {
 }
 
 // TestSharedFirstCallPatience: a process's first call on a key is waited
-// for up to maxCommandWait: a Redis that answers it 250 ms late (a fleet
+// for up to caller.MaxCommandWait: a Redis that answers it 250 ms late (a fleet
 // starting at once on a busy machine) serves it, where a later call's
 // patience (three times the timeout) would have sent it to the fallback.
 func TestSharedFirstCallPatience(t *testing.T) {
@@ -318,7 +236,7 @@ func TestSharedFirstCallPatience(t *testing.T) {
 	admin := srv.Client(t)
 	ev := &fallbackEvents{}
 	l := newSharedTB(t, srv.Client(t), "first", PerSecond(100), 10, WithCommandTimeout(50*time.Millisecond), WithFallbackObserver(ev.hook))
-	require.Eventually(t, func() bool { return l.Stats().LiveInstances == 1 && l.answered.Load() != 0 }, 3*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return l.Stats().LiveInstances == 1 && !l.calls.Answered().IsZero() }, 3*time.Second, 5*time.Millisecond,
 		"the first heartbeat answered")
 	ctx := context.Background()
 	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "250", "ALL").Err())

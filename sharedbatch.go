@@ -2,16 +2,15 @@ package egress
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/egress-go/egress/internal/caller"
 )
 
 // Coalescing: concurrent waiters of one key in one process share a script
@@ -369,17 +368,17 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 	s.roundTrips.Add(1)
 	var reply any
 	beat := s.beatDue()
-	wait := s.commandTimeout(time.Now())
+	wait := s.calls.CommandTimeout(time.Now())
 	if first {
-		wait = max(wait, maxCommandWait)
+		wait = max(wait, caller.MaxCommandWait)
 	}
-	err := s.doWithin(context.Background(), wait, func(ctx context.Context) error {
+	err := s.calls.DoWithin(context.Background(), wait, func(ctx context.Context) error {
 		var err error
 		if beat {
 			reply, err = s.reserveBeating(ctx, id, args)
 			return err
 		}
-		reply, err = runScript(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
+		reply, err = caller.Run(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
 		return err
 	})
 	if err != nil {
@@ -413,7 +412,7 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first bool) {
 	now := s.clock.Now()
 	s.mu.Lock()
-	// A process's first call on a key is waited for up to maxCommandWait:
+	// A process's first call on a key is waited for up to caller.MaxCommandWait:
 	// the first requests of a process meet its busiest moment (its
 	// connections opened, its scripts loaded, every instance of a fleet
 	// started at once doing the same: with 256 in one process, the first
@@ -449,7 +448,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 // heartbeat changes nothing: the reservation's result decides.
 func (s *shared) reserveBeating(ctx context.Context, id string, args []any) (any, error) {
 	pipe := s.rdb.Pipeline()
-	now := scriptNow(s.clock)
+	now := caller.Now(s.clock)
 	rc := s.reserveScript.EvalSha(ctx, pipe, s.redisKeys(id), append(args, now)...)
 	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1, now)
 	_, _ = pipe.Exec(ctx)
@@ -457,7 +456,7 @@ func (s *shared) reserveBeating(ctx context.Context, id string, args []any) (any
 		s.beaten(n)
 	}
 	if err := rc.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return runScript(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
+		return caller.Run(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
 	}
 	return rc.Result()
 }
@@ -526,153 +525,4 @@ func parseRate(v any) (float64, bool) {
 	}
 	r, err := strconv.ParseFloat(s, 64)
 	return r, err == nil && r > 0 && !math.IsInf(r, 0)
-}
-
-// do runs f with the command timeout, or patience times it (see
-// commandTimeout), and notes a reply. It returns when the time passes
-// even if f does not (a client without ContextTimeoutEnabled may block
-// until its own read timeout): the limiter must not hang with Redis.
-func (s *shared) do(ctx context.Context, f func(context.Context) error) error {
-	return s.doWithin(ctx, s.commandTimeout(time.Now()), f)
-}
-
-// doWithin is do with the time d: and for as long again, up to
-// maxCommandWait in all, while Redis keeps answering the process's other
-// commands (see withPatience).
-func (s *shared) doWithin(ctx context.Context, d time.Duration, f func(context.Context) error) error {
-	sent := time.Now()
-	err := withPatience(ctx, d, max(d, maxCommandWait), &processAnswered, f)
-	var rerr redis.Error
-	if err == nil || errors.As(err, &rerr) {
-		now := time.Now()
-		s.answered.Store(now.UnixNano())
-		processAnswered.Store(now.UnixNano())
-		s.rtt.observe(now.Sub(sent))
-	}
-	return err
-}
-
-// processAnswered is when (unix ns) the latest reply to any shared limiter
-// of the process came: while replies keep coming, a command that overruns
-// its timeout is the process's scheduler's delay, not Redis's silence
-// (see withPatience). A fleet of one limiter per process sees its own.
-var processAnswered atomic.Int64
-
-// rttEstimate is the smoothed round trip of the limiter's commands and its
-// variation, as TCP keeps them (RFC 6298): on a machine where the
-// instances' goroutines wait for a core, the round trips seen from the
-// process are the scheduler's delay as much as Redis's, and a timeout
-// below them takes a busy machine for a Redis that is down. Safe for
-// concurrent use.
-type rttEstimate struct {
-	mu           sync.Mutex
-	srtt, rttvar time.Duration // guarded by mu; zero before the first sample
-}
-
-func (e *rttEstimate) observe(d time.Duration) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.srtt == 0 {
-		e.srtt, e.rttvar = d, d/2
-		return
-	}
-	diff := e.srtt - d
-	if diff < 0 {
-		diff = -diff
-	}
-	e.rttvar = (3*e.rttvar + diff) / 4
-	e.srtt = (7*e.srtt + d) / 8
-}
-
-// timeout returns srtt + 4·rttvar, 0 before the first sample.
-func (e *rttEstimate) timeout() time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.srtt + 4*e.rttvar
-}
-
-// patience is how many times the command timeout a command is waited for
-// while Redis is known to answer: it answered this limiter within
-// answeredRecently, or has not been asked yet (the first commands of a
-// client dial, say hello and load the scripts). A machine busy with
-// hundreds of instances (the fleet benchmark's 256 in one process on two
-// cores) answers in 50 to 150 ms at times; each answer taken for an outage
-// sent a request to the fallback, whose turn the fleet's bucket had also
-// given, and the first second of 64 instances met 30 to 60 refusals
-// that taught the fleet a lower limit. A Redis that stops answering is
-// still given up after the command timeout once it has been silent for
-// answeredRecently, and after patience times it before.
-//
-// The timeout is also never below the round trips seen lately (see
-// rttEstimate), up to maxCommandWait: with 256 instances starting on two
-// cores, commands took 150 ms and more for a second, and the patience
-// alone still sent 159 requests to the fallback.
-const (
-	patience         = 3
-	answeredRecently = time.Second
-	maxCommandWait   = time.Second
-)
-
-// commandTimeout returns the time a command sent at now (the wall clock's)
-// is waited for.
-func (s *shared) commandTimeout(now time.Time) time.Duration {
-	d := max(s.cfg.timeout, min(s.rtt.timeout(), maxCommandWait))
-	last := s.answered.Load()
-	if last == 0 || now.Sub(time.Unix(0, last)) <= answeredRecently {
-		d = max(patience*s.cfg.timeout, min(patience*d, maxCommandWait))
-	}
-	return d
-}
-
-// withPatience runs f with a context that ends after most, and returns
-// when f does, or when d passes with no answer to any other command
-// (answered, unix ns of the latest, moved on since f was sent or since d
-// last passed): a Redis that answers nobody is given up after d, as before,
-// while one that answers others, slowly, is waited for. On a
-// machine short of cores (256 instances in one process on two), a burst of
-// commands waits for the scheduler rather than for Redis: every one of them
-// overran three times its timeout at the same instant, and 20 to 96 of the
-// instances fell back, each with its own bucket and controller, and the
-// fleet went over its bound or down to half its rate.
-func withPatience(ctx context.Context, d, most time.Duration, answered *atomic.Int64, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, most)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- f(ctx) }()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	armed := time.Now()
-	mark := armed.UnixNano()
-	for {
-		select {
-		case err := <-errc:
-			return err
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			// (A timer heard late by half its time or more says the
-			// process was kept from running, not that Redis was silent.)
-			if answered.Load() <= mark && time.Since(armed) < d+d/2 {
-				return context.DeadlineExceeded
-			}
-			armed = time.Now()
-			mark = armed.UnixNano()
-			t.Reset(d)
-		}
-	}
-}
-
-// withTimeout runs f with a context that ends after d, and returns when it
-// does even if f does not.
-func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- f(ctx) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/egress-go/egress/internal/caller"
 )
 
 // The shared limiters keep a key's controller state in Redis beside its
@@ -381,9 +383,9 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 	a.probes, a.probeGap, a.long = probes, micros(gap), b2i(long)
 	keys := s.redisKeys(id)
 	var reply []any
-	err := s.do(ctx, func(ctx context.Context) error {
+	err := s.calls.Do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = runScript(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, argv(make([]any, 0, 33), &a)...).Slice()
+		reply, err = caller.Run(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, argv(make([]any, 0, 33), &a)...).Slice()
 		return err
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/lua"
 )
 
@@ -647,9 +648,9 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 	}
 	s.roundTrips.Add(1)
 	var reply any
-	err := s.do(context.Background(), func(ctx context.Context) error {
+	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
 		var err error
-		reply, err = runScript(ctx, s.rdb, s.clock, l.script, keys, args...).Result()
+		reply, err = caller.Run(ctx, s.rdb, s.clock, l.script, keys, args...).Result()
 		return err
 	})
 	at := s.clock.Now()
@@ -729,8 +730,8 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 		return
 	}
 	args = append(args, b2i(l.replan), s.channel(), keyID(g.Key))
-	_ = s.do(context.Background(), func(ctx context.Context) error {
-		return runScript(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
+	_ = s.calls.Do(context.Background(), func(ctx context.Context) error {
+		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
 	})
 }
 
@@ -787,8 +788,8 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	args = append(args, l.args...)
 	args = append(args, holdFor, s.channel(), id)
 	args = append(args, caps...)
-	err := s.do(context.Background(), func(ctx context.Context) error {
-		return runScript(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Err()
+	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
+		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Err()
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		s.failed(err)

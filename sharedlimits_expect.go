@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/egress-go/egress/internal/caller"
 )
 
 // How a SharedLimits plans a request whose turn lies beyond its budget.
@@ -101,8 +103,8 @@ func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st set
 	args = append(args, l.args...)
 	args = append(args, i+1, maxPlanGrants)
 	var vals []int64
-	err := s.do(ctx, func(ctx context.Context) error {
-		v, err := runScript(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Int64Slice()
+	err := s.calls.Do(ctx, func(ctx context.Context) error {
+		v, err := caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Int64Slice()
 		vals = v
 		return err
 	})

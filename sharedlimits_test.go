@@ -89,7 +89,7 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 		}
 		local, fc := newLimitsOnFake(t, limits...)
 		shared, err := NewSharedLimits(rdb, fmt.Sprintf("agree%d", sch), limits, WithCommandTimeout(roomyTimeout), WithTransitMargin(0),
-			onClock(fc)) // its process and its script (scriptNow) on the same instants as local's
+			onClock(fc)) // its process and its script (caller.Now) on the same instants as local's
 		require.NoError(t, err)
 		// A grant whose turn is to come has a waiter, as WaitCost registers
 		// it, when the script gives turns again (every limit a window, none
