@@ -114,6 +114,7 @@ func e2eCases() []e2eCase {
 
 // TestRealTimeDialects: 8 goroutines, 1 ms of provider latency.
 func TestRealTimeDialects(t *testing.T) {
+	t.Parallel() // beside the other two e2e suites: a third of a core each, mostly waiting
 	for _, tc := range e2eCases() {
 		t.Run(tc.String(), func(t *testing.T) {
 			e2eRun(t, tc, 1, 8, time.Millisecond, 3*time.Second, tc.after8, tc.use8, e2eLocal)
@@ -125,6 +126,7 @@ func TestRealTimeDialects(t *testing.T) {
 // latency, so that about twenty requests are in flight when "nothing
 // left" comes back: they must not overrun the window.
 func TestRealTimeDialectsInFlight(t *testing.T) {
+	t.Parallel()
 	for _, tc := range e2eCases() {
 		t.Run(tc.String(), func(t *testing.T) {
 			e2eRun(t, tc, 1, 20, 100*time.Millisecond, 3*time.Second, tc.after20, tc.use20, e2eLocal)
@@ -144,6 +146,7 @@ const e2eFleetAfter = 6
 // since the reported request was sent, not only the reporting instance's
 // requests in flight.
 func TestRealTimeDialectsFleet(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	for i, tc := range e2eCases() {
 		if tc.notFleet != "" || tc.after20 > e2eFleetAfter {
