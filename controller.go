@@ -213,8 +213,20 @@ const (
 // after it, before the reset, shows a bucket (see learnShape).
 const probeHold = 100 * time.Millisecond
 
-// learn applies the signal s at s.Now to the key's state and decides.
+// learn applies the signal s at s.Now to the key's state and decides. A
+// signal that says nothing of the limit (silent) is only counted (quiet):
+// the allowed path's response, whose reading learnAll would make at a
+// third of the path's cost, to decide nothing.
 func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
+	if st.silent(s) {
+		st.quiet(s)
+		return Decision{}
+	}
+	return st.learnAll(cfg, s)
+}
+
+// learnAll is learn for any signal: TestQuietIsLearn holds quiet to it.
+func (st *ctlState) learnAll(cfg *learnConfig, s *Signal) Decision {
 	now := s.Now
 	var d Decision
 	old := st.rate(cfg, now)
@@ -263,6 +275,43 @@ func (st *ctlState) learn(cfg *learnConfig, s *Signal) Decision {
 		}
 	}
 	return d
+}
+
+// silent reports whether s says nothing of the key's limit to st: an
+// answer (Status not 0) that is no throttle and no billing error, with no
+// quota, while the key is not waiting to tell its reset's meaning (a shape
+// learnt, or no "remaining 0" heard). learn's reading of such a signal
+// comes to quiet's, and decides nothing.
+//
+// The reasoning, step by step through learn: requestQuota finds no quota,
+// so classify says evNone, and the request was accepted; learnShape has
+// nothing to learn (no quota to outpace, and no zero whose meaning a 2xx
+// would tell); report, with no quota, only forgets a bucket's budget (a
+// bucket has none); the meter counts an acceptance at s.SentAt, and the
+// bucket's drain mark a success; what learn does for an exhausted key (a
+// storm's probes, a hold, a decrease) does not run; advertised finds no
+// limit and refill.observe no bounds (no quota); evNone decides nothing
+// without a quota. The rate is a function of fields none of these change, so the
+// decision is no change of it: no hold, no wait, no drain. Nothing there
+// reads s.Now either: a Transport need not read the clock for it (see
+// TokenBucket.learnAt). TestQuietIsLearn checks this against learn, on
+// states that learn built.
+func (st *ctlState) silent(s *Signal) bool {
+	return len(s.Quotas) == 0 && s.Status != 0 && s.Scope != ScopeBilling && !s.throttled() &&
+		(st.shape != shapeUnknown || st.zeroAt.IsZero())
+}
+
+// quiet applies a signal that is silent (see silent) to the key's state,
+// as learn would. What it skips is the reading (the quotas, twice, the
+// classification, the shape, the advertised limit), not what is recorded:
+// the meter and the drain mark feed later decisions (estimate, aimBack,
+// counted), and the send pace was recorded at the grant (spend).
+func (st *ctlState) quiet(s *Signal) {
+	if st.shape == shapeBucket {
+		st.budget, st.budgetUntil, st.budgetUnit = 0, time.Time{}, 0
+	}
+	st.meter.add(s.SentAt, false, true)
+	st.drain.n++
 }
 
 // hear records what s says of the key (its quota q, when hasQ), the key

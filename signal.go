@@ -322,30 +322,55 @@ func readSignal(resp *http.Response, sentAt, now time.Time, maxWait time.Duratio
 	return (*signalConfig)(nil).readSignal(resp, host, sentAt, now, maxWait)
 }
 
+// reads reports whether reading resp runs a reader, which may need the
+// time it is read at: the built-in readers read a 429, or a response with
+// a header whose name may be theirs (see readBuiltin); a Transport's own
+// readers read every response. A response that runs none is read the
+// same at any time (TestUnreadSignalIsTimeless).
+func (c *signalConfig) reads(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusTooManyRequests || maySignal(resp.Header) || (c != nil && len(c.readers) > 0)
+}
+
+// unread is readInto for a response that runs no reader (see reads): its
+// status is all there is to read, at any time, so s.Now is left zero. (It
+// does not ask again what reads asked: a response's every header is
+// looked at for that.)
+func (c *signalConfig) unread(s *Signal, resp *http.Response, host string, sentAt time.Time, maxWait time.Duration) {
+	*s = Signal{SentAt: sentAt, Host: host, MaxWait: maxWait, Status: resp.StatusCode}
+	s.finish()
+}
+
 // readSignal reads resp, the answer to a request sent to host at sentAt,
 // at now: the built-in readers, then c's, each adding what it finds to one
 // Signal, with every wait capped at maxWait. A nil c reads the built-in
 // dialects only. A response without rate-limit headers costs no
 // allocation.
 func (c *signalConfig) readSignal(resp *http.Response, host string, sentAt, now time.Time, maxWait time.Duration) Signal {
-	s := Signal{Now: now, SentAt: sentAt, Host: host, MaxWait: maxWait}
+	var s Signal
+	c.readInto(&s, resp, host, sentAt, now, maxWait)
+	return s
+}
+
+// readInto is readSignal into s, all of which it sets: the Transport reads
+// into the Signal it keeps for the attempt, rather than copy one there.
+func (c *signalConfig) readInto(s *Signal, resp *http.Response, host string, sentAt, now time.Time, maxWait time.Duration) {
+	*s = Signal{Now: now, SentAt: sentAt, Host: host, MaxWait: maxWait}
 	if resp == nil {
-		return s
+		return
 	}
 	s.Status = resp.StatusCode
 	s.cfg = c
-	readBuiltin(resp, &s)
+	readBuiltin(resp, s)
 	if c != nil && len(c.readers) > 0 {
 		// A Signal handed to an interface escapes: only a Transport with
 		// readers of its own pays for a copy on the heap.
 		p := new(Signal)
-		*p = s
+		*p = *s
 		for _, r := range c.readers {
 			r.ReadSignal(resp, p)
 		}
-		s = *p
+		*s = *p
 	}
 	s.finish()
 	s.cfg = nil
-	return s
 }

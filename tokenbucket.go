@@ -46,10 +46,18 @@ type TokenBucket struct {
 // order: a time read before another call's but used after it is moved up to
 // last, under mu (reading the clock under mu would do too, but costs more
 // under contention).
+//
+// The fields guarded by mu are read and written under mu whatever lock of
+// the limiter's the caller holds: the limiter's lock guards its map of
+// buckets, not what is in them (a Transport learns holding mu alone: see
+// learnAt). lim, which has a lock of its own, is used under mu too.
 type tokenBucket struct {
 	mu      sync.Mutex
 	last    time.Time // guarded by mu; the latest time given to lim
+	seen    time.Time // guarded by mu; the latest clock reading a grant was given (see fresh)
 	lim     *rate.Limiter
+	limit   rate.Limit    // guarded by mu; lim's limit, kept here so that a grant need not take lim's lock to read it (see startAt)
+	dropped bool          // guarded by mu; a sweep found the bucket at rest and dropped it from the map (see learnAt)
 	ctl     *ctlState     // guarded by mu; nil while the key has learnt nothing
 	learn   *learnConfig  // the limiter's
 	resume  time.Time     // guarded by mu; the end of a hold, at which the bucket holds one token
@@ -137,6 +145,7 @@ func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
 	old, owe := b.lim.Limit(), b.owed-b.lim.TokensAt(t)
 	jump := l > old*raiseJump
 	b.lim.SetLimitAt(t, l)
+	b.limit = l
 	if owe <= 0 || jump {
 		b.owed = 0
 	}
@@ -158,11 +167,17 @@ func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
 // keeps its queue (see setRate).
 const raiseJump = 1.5
 
+// atRest reports whether the bucket is back to a new one's state at now.
+// The sweep that asks drops it then, so a bucket at rest is marked
+// dropped: a Transport that holds it from a grant learns through the map
+// again (see learnAt).
 func (b *tokenBucket) atRest(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.ctl == nil || b.ctl.atRest(b.learn, now)) &&
+	rest := b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.ctl == nil || b.ctl.atRest(b.learn, now)) &&
 		(b.resume.IsZero() || now.Sub(b.resume) > sweepEvery)
+	b.dropped = b.dropped || rest
+	return rest
 }
 
 // jitterMargin is how many units of a burst of burst at r per second a
@@ -224,18 +239,30 @@ func newTokenBucket(r Rate, burst int) *TokenBucket {
 // for the refill when the bucket holds fewer, and for the end of the key's
 // hold, if any. A cost above the burst fails at once with ErrCostTooHigh.
 func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
+	waited, _, err := tb.waitFrom(ctx, key, cost, maxWait, time.Time{})
+	return waited, err
+}
+
+// waitFrom is Wait for a caller that has just read tb's clock, at now
+// (zero: it has not, and the clock is read here). It returns the grant
+// too: its bucket, and, when the tokens were there at once, the time they
+// were taken at (g.at, with no delay). A Transport sends at that time
+// without reading the clock again, and learns from the response in that
+// bucket (see learnAt).
+func (tb *TokenBucket) waitFrom(ctx context.Context, key string, cost int, maxWait time.Duration, now time.Time) (time.Duration, grant, error) {
 	if err := checkCost(key, cost, tb.burst); err != nil || cost == 0 {
-		return 0, err
+		return 0, grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return 0, grant{}, err
 	}
 	var waited time.Duration
 	for {
-		g, err := tb.reserve(key, cost, waitBudget(ctx, remaining(maxWait, waited)))
+		g, err := tb.reserveAt(key, cost, waitBudget(ctx, remaining(maxWait, waited)), now)
 		if err != nil || g.delay == 0 {
-			return waited, err
+			return waited, g, err
 		}
+		now = time.Time{} // after a wait, the clock is read again
 		given := g.at.Add(g.delay)
 		for {
 			now := tb.clock.Now()
@@ -249,17 +276,17 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 				// it goes at the new rate, if the caller can wait that long.
 				if e := waitBudget(ctx, remaining(maxWait, waited)).refuse(now, key, cost, lag); e != nil {
 					tb.cancel(g)
-					return 0, e
+					return 0, grant{}, e
 				}
 			}
 			if err := sleepOr(ctx, tb.clock, lag, moved); err != nil {
 				tb.cancel(g)
-				return 0, err
+				return 0, grant{}, err
 			}
 			waited += tb.clock.Now().Sub(now)
 		}
 		if tb.commit(g, cost) {
-			return waited, nil
+			return waited, g, nil
 		}
 		// A hold began after the tokens were reserved and covers their
 		// time, or the key's budget is spent and holds it now: give them
@@ -269,7 +296,8 @@ func (tb *TokenBucket) Wait(ctx context.Context, key string, cost int, maxWait t
 }
 
 // grant is a reservation of a key's tokens, the time it was made at, how
-// long to wait for it, and its turn as the key's rate moves it.
+// long to wait for it, and its turn as the key's rate moves it. Tokens
+// there at once are a grant with no delay, no reservation and no turn.
 type grant struct {
 	bk    *tokenBucket
 	r     *rate.Reservation
@@ -340,28 +368,68 @@ func (tb *TokenBucket) spendLocked(bk *tokenBucket, now, turn time.Time, cost in
 // held, at the hold's end. It returns a grant with no delay when the tokens
 // were there; otherwise the grant and how long to wait for it, or a
 // *LimitError when that wait does not fit in b (and then nothing is taken).
+func (tb *TokenBucket) reserve(key string, cost int, b budget) (grant, error) {
+	return tb.reserveAt(key, cost, b, time.Time{})
+}
+
+// reserveAt is reserve at now, a reading of tb's clock its caller has just
+// taken (zero: the clock is read here). A grant of tokens there at once
+// has its bucket and its time (see waitFrom).
 //
 // An existing bucket is used under the read lock and its own mutex; the
 // write lock is for adding keys and sweeping, so a bucket is never dropped
-// while a call is using it.
-func (tb *TokenBucket) reserve(key string, cost int, b budget) (grant, error) {
+// while a call is using it. The write lock waits for the readers, and
+// then the clock is read again.
+func (tb *TokenBucket) reserveAt(key string, cost int, b budget, now time.Time) (grant, error) {
 	tb.mu.RLock()
 	if bk, ok := tb.buckets.m[key]; ok {
-		now := tb.clock.Now()
+		if now.IsZero() {
+			now = tb.clock.Now()
+		}
 		bk.mu.Lock()
 		if !tb.buckets.sweepDue(now) {
 			g, err := tb.take(bk, now, key, cost, b)
 			bk.mu.Unlock()
 			tb.mu.RUnlock()
-			return g, err
+			return g.of(bk, now, err)
 		}
 		bk.mu.Unlock()
 	}
 	tb.mu.RUnlock()
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
-	now := tb.clock.Now()
-	return tb.take(tb.bucket(key, now), now, key, cost, b)
+	now = tb.clock.Now()
+	bk := tb.bucket(key, now)
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	g, err := tb.take(bk, now, key, cost, b)
+	return g.of(bk, now, err)
+}
+
+// of returns g, taken from bk at now, and err, take's: a grant of tokens
+// there at once gets them (a reservation has them already).
+func (g grant) of(bk *tokenBucket, now time.Time, err error) (grant, error) {
+	if err == nil && g.delay == 0 {
+		g.bk, g.at = bk, now
+	}
+	return g, err
+}
+
+// fresh returns now, a reading of the clock for a grant, or the latest
+// reading a grant of bk was given when that is later, and records the
+// latest. A reading taken before another caller's whose grant took bk.mu
+// first is stale: the clock has read that caller's time since, so the
+// time is that at least. (Taken as it was, the grant was given the later
+// time by inOrder and counted the difference as a wait: under contention,
+// requests whose tokens were there went the way of a waiter, a
+// reservation and a turn, to wait out a few nanoseconds.) The caller holds
+// bk.mu.
+func (bk *tokenBucket) fresh(now time.Time) time.Time {
+	if now.Before(bk.seen) {
+		return bk.seen
+	}
+	bk.seen = now
+	return now
 }
 
 // inOrder returns now, or the latest time the bucket was given if now is
@@ -381,24 +449,8 @@ func (bk *tokenBucket) inOrder(now time.Time) time.Time {
 // now is the clock's time, from which the delay is counted; the bucket is
 // given the later of it, the hold's end and the latest time it was given.
 func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int, b budget) (grant, error) {
-	at := now
-	if bk.ctl != nil && bk.ctl.hold.After(at) {
-		at = bk.ctl.hold
-	}
-	at = bk.inOrder(at)
-	if !bk.resume.IsZero() && !at.Before(bk.resume) {
-		// A hold has ended: resume at the rate, with at most one token, not
-		// with the burst the bucket refilled meanwhile (and never with more
-		// than it holds: turns reserved before stay owed).
-		drainTo(bk.lim, at, 1)
-		bk.resume = time.Time{}
-	}
-	lim := bk.lim
-	if bk.ctl != nil {
-		if l := rate.Limit(bk.ctl.rate(&tb.learn, at)); l != lim.Limit() {
-			bk.setRate(at, l)
-		}
-	}
+	now = bk.fresh(now)
+	at, lim := tb.startAt(bk, now), bk.lim
 	// The margin: a request goes at once only if it leaves margin units in
 	// the bucket; otherwise it waits until the bucket would hold them too
 	// (they are not taken: later requests find them).
@@ -414,6 +466,18 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 		drainTo(lim, at, 1)
 		bk.resume = time.Time{}
 		tokens = lim.TokensAt(at)
+	} else if !at.After(now) && tokens >= float64(cost) && b.refuse(now, key, cost, 0) == nil &&
+		time.Duration((need-tokens)/float64(bk.limit)*float64(time.Second)) <= 0 {
+		// Short of the margin by less than a nanosecond's refill (two
+		// grants at one reading of the clock, at 10¹² a second): the wait
+		// below comes to none, and the reservation, its tokens there, to
+		// what AllowN takes, without the Reservation ReserveN allocates.
+		// (startAt made bk.limit lim's limit.)
+		lim.AllowN(at, cost)
+		if bk.ctl != nil {
+			tb.spendLocked(bk, now, now, cost)
+		}
+		return grant{}, nil
 	}
 	g := grant{bk: bk, at: now, r: lim.ReserveN(at, cost)}
 	g.delay = max(g.r.DelayFrom(now), at.Sub(now)+time.Duration((need-tokens)/float64(lim.Limit())*float64(time.Second)))
@@ -439,6 +503,36 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 	return g, nil
 }
 
+// startAt returns the time a grant at now is taken at: now, or the end of
+// the key's hold, moved up to the latest time bk was given (see inOrder).
+// The bucket is brought to that time: a hold ended, it resumes with one
+// token; and at the key's rate then. The caller holds bk.mu.
+func (tb *TokenBucket) startAt(bk *tokenBucket, now time.Time) time.Time {
+	at := now
+	if bk.ctl != nil && bk.ctl.hold.After(at) {
+		at = bk.ctl.hold
+	}
+	at = bk.inOrder(at)
+	if !bk.resume.IsZero() && !at.Before(bk.resume) {
+		// A hold has ended: resume at the rate, with at most one token, not
+		// with the burst the bucket refilled meanwhile (and never with more
+		// than it holds: turns reserved before stay owed).
+		drainTo(bk.lim, at, 1)
+		bk.resume = time.Time{}
+	}
+	if bk.ctl != nil {
+		// (The limit is compared with bk.limit, not with lim's, whose
+		// lock a grant would take once more.)
+		if l := rate.Limit(bk.ctl.rate(&tb.learn, at)); l != bk.limit {
+			if l != bk.lim.Limit() {
+				bk.setRate(at, l)
+			}
+			bk.limit = l
+		}
+	}
+	return at
+}
+
 // drainTo takes tokens from lim at t until it holds at most keep; it never
 // adds any.
 func drainTo(lim *rate.Limiter, t time.Time, keep float64) {
@@ -453,10 +547,11 @@ func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 	if b, ok := tb.buckets.get(key, now); ok {
 		return b
 	}
-	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst), learn: &tb.learn}
+	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst), limit: tb.limit, learn: &tb.learn}
 	if tb.seed != nil {
 		if b.ctl = tb.seed(key, now); b.ctl != nil {
-			b.lim.SetLimitAt(now, rate.Limit(b.ctl.rate(&tb.learn, now)))
+			b.limit = rate.Limit(b.ctl.rate(&tb.learn, now))
+			b.lim.SetLimitAt(now, b.limit)
 		}
 	}
 	tb.buckets.put(key, b)
@@ -502,8 +597,40 @@ func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	return tb.learnLocked(bk, &s)
 }
 
-// learnLocked applies s to bk. The caller holds bk.mu and tb.mu (read or
-// write).
+// learnAt is Learn in bk, the bucket that granted the request whose
+// response s is (see waitFrom): without the limiter's lock and its map,
+// which a Transport's request has just been through to reserve. A bucket
+// is the key's as long as no sweep has dropped it (see atRest); once one
+// has, s is learnt in the key's bucket of the moment, as Learn does.
+//
+// A zero s.Now says that the Transport, whose clock is tb's, did not read
+// it: a response that says nothing of the limit does not need it (see
+// ctlState.silent). learnAt reads it, into s, when s needs it.
+func (tb *TokenBucket) learnAt(bk *tokenBucket, key string, s *Signal) Decision {
+	bk.mu.Lock()
+	if !bk.dropped {
+		if bk.ctl == nil {
+			bk.ctl = &ctlState{} // (as learnLocked would)
+		}
+		if s.Now.IsZero() && !bk.ctl.silent(s) {
+			s.Now = tb.clock.Now()
+		}
+		d := tb.learnLocked(bk, s)
+		bk.mu.Unlock()
+		return d
+	}
+	bk.mu.Unlock()
+	if s.Now.IsZero() {
+		s.Now = tb.clock.Now()
+	}
+	return tb.Learn(context.Background(), key, *s)
+}
+
+// learnLocked applies s to bk. The caller holds bk.mu, and knows bk to be
+// the key's bucket: it holds tb.mu (read or write) and found bk in the
+// map, or bk is not dropped (see learnAt). A response that says nothing
+// of the limit is counted and decides nothing (see ctlState.silent), and
+// nothing below reads its time.
 func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 	if bk.ctl == nil {
 		bk.ctl = &ctlState{}
@@ -537,6 +664,7 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 			// (Brought in, the turns given owe what they did: repaid at
 			// the new rate, the next turn comes after the last of them.)
 			bk.lim.SetLimitAt(now, l)
+			bk.limit = l
 		}
 		bk.retime(maxTime(now, bk.ctl.hold), d.from/d.to)
 	}

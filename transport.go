@@ -56,8 +56,9 @@ type Transport struct {
 	resends      *resends     // the calls ended with an error, for an SDK's resends; nil with no retry or RetryPolicy.SDKRetries
 	maxPause     time.Duration
 	maxQuotaHold time.Duration
-	learner      Learner // the limiter, when it is one; else the Transport's own holds
-	holds        *holds  // the Transport's own holds, when the limiter is not a Learner; nil otherwise
+	learner      Learner      // the limiter, when it is one; else the Transport's own holds
+	quick        *TokenBucket // the limiter, when it is a TokenBucket and nothing else holds a request up (see quickBucket); nil otherwise
+	holds        *holds       // the Transport's own holds, when the limiter is not a Learner; nil otherwise
 	clock        clock.Clock
 	rand         func() float64 // the backoff's random source; nil: math/rand/v2
 	signals      signalConfig   // how responses are read (dialect.go)
@@ -290,25 +291,8 @@ type Observer struct {
 // to http.DefaultTransport when nil. It fails, naming the option and the
 // value, when an option is invalid.
 func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
-	c := config{
-		keyFunc:  hostKey,
-		costFunc: unitCost,
-		maxPause: defaultMaxPause,
-		maxQuota: defaultMaxQuotaHold,
-		near:     defaultNearLimit,
-	}
-	for _, o := range opts {
-		if o == nil {
-			c.errs = append(c.errs, configError("New: option", "nil", "options must not be nil"))
-			continue
-		}
-		o.apply(&c)
-	}
-	if c.shadow && c.retry != nil {
-		c.errs = append(c.errs, configError("WithShadow", "with WithRetry", "shadow mode reports decisions and does not retry; drop one of the two"))
-	}
-	c.checkCosts()
-	if err := errors.Join(c.errs...); err != nil {
+	c, err := newConfig(opts)
+	if err != nil {
 		return nil, err
 	}
 	if base == nil {
@@ -348,7 +332,34 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		t.holds = newHolds(&t.clock)
 		t.learner = t.holds
 	}
+	if tb, ok := c.limiter.(*TokenBucket); ok && t.inFlight == nil && t.costs == nil && !t.shadow {
+		t.quick = tb
+	}
 	return t, nil
+}
+
+// newConfig applies opts to the defaults and validates the result once,
+// with every error it finds joined.
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		keyFunc:  hostKey,
+		costFunc: unitCost,
+		maxPause: defaultMaxPause,
+		maxQuota: defaultMaxQuotaHold,
+		near:     defaultNearLimit,
+	}
+	for _, o := range opts {
+		if o == nil {
+			c.errs = append(c.errs, configError("New: option", "nil", "options must not be nil"))
+			continue
+		}
+		o.apply(&c)
+	}
+	if c.shadow && c.retry != nil {
+		c.errs = append(c.errs, configError("WithShadow", "with WithRetry", "shadow mode reports decisions and does not retry; drop one of the two"))
+	}
+	c.checkCosts()
+	return c, errors.Join(c.errs...)
 }
 
 // The defaults of WithMaxPause and WithMaxQuotaHold. The pause cap is two
@@ -397,40 +408,56 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // roundTrip sends req, of key, attempt after attempt.
+//
+// The clock is read once before the first attempt, when the retries count
+// from then or the limiter can take the reading (see quickBucket): a
+// request granted at once is sent at that time. It is read again once the
+// response is there, when the response or the key's controller needs the
+// time (see learn). (A reading costs about 60 ns on a virtual machine's
+// clock, kvm-clock: two thirds of x/time/rate's Allow, which makes one.
+// The allowed path made four.)
 func (t *Transport) roundTrip(req *http.Request, key string) (*http.Response, error) {
 	cost, err := t.costOf(req, key)
 	if err != nil {
 		return nil, t.reject(req, key, err)
 	}
-	var start time.Time // of the first attempt; read only when retries may follow
-	if t.retry != nil {
+	quick := t.quickBucket()
+	var start time.Time // of the first attempt; read only when retries may follow, or for the limiter
+	if t.retry != nil || quick != nil {
 		start = t.clock.Now()
+	}
+	if t.retry != nil {
 		t.budget.deposit(start)
 	}
 	backoff := FullJitter{Rand: t.rand}
-	r := req
+	r, now := req, start
 	var grant Grant // an attempt's, with WithCosts
+	var h heard     // an attempt's, which learn fills
 	for attempt := 1; ; attempt++ {
-		release, err := t.enter(r.Context(), key, &cost, &grant)
+		var a passage
+		if quick != nil {
+			a, err = t.enterQuick(r.Context(), quick, key, cost.Requests, now)
+		} else {
+			a, err = t.enter(r.Context(), key, &cost, &grant)
+		}
 		if err != nil {
 			return nil, t.reject(r, key, err)
 		}
-		sentAt := t.clock.Now()
-		t.sending.add(key, 1)
+		sending := t.sending.inc(key)
 		resp, err := t.base.RoundTrip(r)
-		others := t.sending.add(key, -1) - 1
-		resp = holdSlot(r.Context(), release, resp, err)
+		others := sending.dec()
+		resp = holdSlot(r.Context(), a.release, resp, err)
 		if t.obs.OnSent != nil {
 			t.obs.OnSent(key, attempt, statusOf(resp, err), err)
 		}
-		sig, dec := t.learn(r, key, resp, sentAt, others, &grant)
+		t.learn(r, key, resp, &a, others, &grant, &h)
 		resp = t.settle(&grant, resp, err)
-		delay, next := t.plan(req, key, attempt, resp, err, &sig, dec, start, &backoff)
+		delay, next := t.plan(req, key, attempt, resp, err, &h, start, &backoff)
 		switch next {
 		case stop:
 			return resp, err
 		case giveUp:
-			return t.giveUp(key, attempt, resp, err, sig.asked)
+			return t.giveUp(key, attempt, resp, err, h.sig.asked)
 		}
 		drain(resp)
 		if err := sleep(req.Context(), t.clock, delay); err != nil {
@@ -439,7 +466,29 @@ func (t *Transport) roundTrip(req *http.Request, key string) (*http.Response, er
 		if r, err = rewind(req); err != nil {
 			return nil, err
 		}
+		now = time.Time{} // the next attempt reads the clock afresh
 	}
+}
+
+// quickBucket returns the Transport's limiter when a request may go the
+// quick way through it (see enterQuick): it is a TokenBucket that nothing
+// else before it holds a request up (no in-flight cap, no costs in
+// dimensions, no shadow mode), on the Transport's own clock, so that one
+// reading serves both. Otherwise nil.
+func (t *Transport) quickBucket() *TokenBucket {
+	if t.quick != nil && t.quick.clock == t.clock {
+		return t.quick
+	}
+	return nil
+}
+
+// passage is how an attempt went through to be sent: the in-flight slot it
+// holds, when it was let go, and the bucket that granted it, when it went
+// the quick way (nil otherwise).
+type passage struct {
+	release func() // frees the slot; nil when there is none
+	sentAt  time.Time
+	bk      *tokenBucket
 }
 
 // reject closes the body of a request that will not be sent, as the
@@ -456,23 +505,49 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 
 // enter waits until an attempt of key may be sent: for an in-flight slot
 // when the Transport caps them, then for the limiter (and the key's hold).
-// release frees the slot; it is nil when there is none. In shadow mode it
-// reports instead of waiting.
-func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant) (release func(), err error) {
+// In shadow mode it reports instead of waiting. (The quick way through the
+// Transport's own TokenBucket is enterQuick.)
+func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant) (passage, error) {
+	var a passage
 	if t.shadow {
-		return t.shadowEnter(ctx, key, cost, g), nil
+		a.release = t.shadowEnter(ctx, key, cost, g)
+		a.sentAt = t.clock.Now()
+		return a, nil
 	}
 	release, waited, err := t.takeSlot(ctx, key)
 	if err != nil {
-		return nil, err
+		return a, err
 	}
 	if err := t.admit(ctx, key, cost, waited, g); err != nil {
 		if release != nil {
 			release()
 		}
-		return nil, err
+		return a, err
 	}
-	return release, nil
+	a.release, a.sentAt = release, t.clock.Now()
+	return a, nil
+}
+
+// enterQuick is enter when the limiter is the Transport's own TokenBucket
+// and nothing else holds an attempt up (see quickBucket): admit's loop
+// comes to one Wait, which takes the Transport's reading of the clock, now
+// (or reads it, when now is zero), as its own. Tokens there at once are
+// taken at now, and the attempt is sent at now; after a wait the clock is
+// read again. The attempt's response is learnt in the bucket that granted
+// it (see TokenBucket.learnAt).
+func (t *Transport) enterQuick(ctx context.Context, tb *TokenBucket, key string, cost int, now time.Time) (passage, error) {
+	waited, g, err := tb.waitFrom(ctx, key, cost, remaining(t.maxWait, 0), now)
+	if err != nil {
+		return passage{}, err
+	}
+	if waited > 0 && t.obs.OnWait != nil {
+		t.obs.OnWait(key, waited)
+	}
+	a := passage{sentAt: g.at, bk: g.bk}
+	if g.delay != 0 || a.sentAt.IsZero() {
+		a.sentAt = t.clock.Now()
+	}
+	return a, nil
 }
 
 // shadowEnter asks each part that may delay an attempt what it would do,
@@ -591,31 +666,51 @@ func (t *Transport) wait(ctx context.Context, key string, cost *Cost, maxWait ti
 	return t.limiter.Wait(ctx, key, cost.Requests, maxWait)
 }
 
-// learn reads what resp says about key's limit and hands it to the key's
-// controller (the limiter's, or the Transport's own holds), which decides
-// what the key does next (inFlight is Signal.InFlight). It reports the
-// holds and rate changes decided, and a key near its limit.
-func (t *Transport) learn(req *http.Request, key string, resp *http.Response, sentAt time.Time, inFlight int, g *Grant) (Signal, Decision) {
+// heard is what the Transport made of an attempt's outcome: the Signal it
+// read and what the key's controller decided. An attempt's are kept in one
+// place, which learn fills, rather than copied from call to call.
+type heard struct {
+	sig Signal
+	dec Decision
+}
+
+// learn reads what resp says about key's limit into h and hands it to the
+// key's controller (the limiter's, or the Transport's own holds), which
+// decides what the key does next (inFlight is Signal.InFlight). It reports
+// the holds and rate changes decided, and a key near its limit.
+func (t *Transport) learn(req *http.Request, key string, resp *http.Response, a *passage, inFlight int, g *Grant, h *heard) {
 	if resp == nil {
-		return Signal{Now: t.clock.Now(), SentAt: sentAt, InFlight: inFlight}, Decision{}
+		h.sig, h.dec = Signal{Now: t.clock.Now(), SentAt: a.sentAt, InFlight: inFlight}, Decision{}
+		return
 	}
-	sig := t.signals.readSignal(resp, req.URL.Host, sentAt, t.clock.Now(), max(t.maxPause, t.maxQuotaHold))
+	sig, maxWait := &h.sig, max(t.maxPause, t.maxQuotaHold)
+	if a.bk != nil && !t.signals.reads(resp) {
+		// The quick way, a response no reader reads is read the same at
+		// any time: the clock is not read for it, and the limiter reads it
+		// if its controller needs the time (see TokenBucket.learnAt).
+		t.signals.unread(sig, resp, req.URL.Host, a.sentAt, maxWait)
+	} else {
+		t.signals.readInto(sig, resp, req.URL.Host, a.sentAt, t.clock.Now(), maxWait)
+	}
 	sig.InFlight = inFlight
-	t.checkNear(key, &sig)
+	t.checkNear(key, sig)
 	sig.asked = sig.RetryAfter
 	if sig.RetryAfter > t.maxPause {
 		// Retry-After has the pause cap; only a quota's reset may hold longer.
 		sig.RetryAfter, sig.RetryAfterTooLong = t.maxPause, true
 	}
-	t.settleThrottled(g, &sig) // before the counts it carries cap the limits
-	d := t.learner.Learn(req.Context(), key, sig)
-	if !d.Hold.IsZero() && t.obs.OnCooldown != nil {
+	t.settleThrottled(g, sig) // before the counts it carries cap the limits
+	if a.bk != nil {
+		h.dec = t.quick.learnAt(a.bk, key, sig) // the limiter's Learn, in the bucket that granted the attempt
+	} else {
+		h.dec = t.learner.Learn(req.Context(), key, *sig)
+	}
+	if d := &h.dec; !d.Hold.IsZero() && t.obs.OnCooldown != nil {
 		t.obs.OnCooldown(key, d.Hold, d.Err)
 	}
-	if d.Old != d.New && t.obs.OnRateChange != nil {
+	if d := &h.dec; d.Old != d.New && t.obs.OnRateChange != nil {
 		t.obs.OnRateChange(key, d.Old, d.New, d.Why)
 	}
-	return sig, d
 }
 
 // checkNear tells OnNearLimit when s reports key below the near-limit
@@ -663,8 +758,8 @@ const (
 
 // plan decides whether attempt is followed by another, and after what
 // delay.
-func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.Response, err error, s *Signal, d Decision, start time.Time, b *FullJitter) (time.Duration, next) {
-	p := t.retry
+func (t *Transport) plan(req *http.Request, key string, attempt int, resp *http.Response, err error, h *heard, start time.Time, b *FullJitter) (time.Duration, next) {
+	p, s, d := t.retry, &h.sig, &h.dec
 	if p == nil || !p.worthRetry(req, resp, err, s) {
 		return 0, stop
 	}
