@@ -61,8 +61,9 @@ func (r rateRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 // BenchmarkOverhead measures every RoundTripper over a no-op base in one run,
 // so that the ratios between them are fair: the base alone, egress with each
 // local limiter (and with retries on), a hand-written x/time/rate
-// RoundTripper, go-retryablehttp and failsafe-go. Each runs serially and with
-// 64 goroutines. RateAllow is x/time/rate's Allow with no RoundTrip at all.
+// RoundTripper, go-retryablehttp and failsafe-go. Each runs serially, through
+// an http.Client, and with 64 goroutines. RateAllow is x/time/rate's Allow
+// with no RoundTrip at all.
 func BenchmarkOverhead(b *testing.B) {
 	tb, err := egress.NewTokenBucket(egress.PerSecond(benchRate), benchBurst)
 	if err != nil {
@@ -107,6 +108,20 @@ func BenchmarkOverhead(b *testing.B) {
 				if err := roundTrip(bc.rt, req); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+		// Through an http.Client, as callers use it: what the client adds
+		// is the same for every row (its own checks, the request's copy for
+		// redirects), so the differences are the RoundTripper's.
+		client := &http.Client{Transport: bc.rt}
+		b.Run(bc.name+"/client", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
 			}
 		})
 		b.Run(bc.name+"/parallel64", func(b *testing.B) {

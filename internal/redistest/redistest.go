@@ -41,6 +41,7 @@ import (
 
 const (
 	readyTimeout  = 10 * time.Second       // for a server to answer PING, or a cluster to be ok
+	joinTimeout   = 30 * time.Second       // for redis-cli --cluster create: the nodes meet by gossip, which took over 10 s beside the race step's other packages
 	stopGrace     = 5 * time.Second        // between SIGTERM and SIGKILL in cleanup
 	startAttempts = 3                      // ports tried when redis-server fails to start
 	pollInterval  = 5 * time.Millisecond   // between readiness probes
@@ -529,7 +530,7 @@ func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
 
 // createCluster runs redis-cli --cluster create for the nodes at addrs.
 func createCluster(cli string, addrs []string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), joinTimeout)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
