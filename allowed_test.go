@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 )
 
 // Tests of the allowed path's shortcuts: a response that says nothing of
@@ -203,7 +204,7 @@ func TestAllowedPathReadsTheClockOnce(t *testing.T) {
 			cc.reads.Store(0)
 			mustSend200(t, tr, req)
 			assert.Equal(t, int64(1), cc.reads.Swap(0), "a request granted at once, answered without rate-limit headers")
-			bk := tb.buckets.m["api.example.com"]
+			bk := tb.buckets.M["api.example.com"]
 			require.NotNil(t, bk)
 			acc, ref := bk.ctl.meter.lastSecond(fc.Now())
 			assert.Equal(t, [2]int32{2, 0}, [2]int32{acc, ref}, "the acceptances are counted")
@@ -218,7 +219,7 @@ func TestAllowedPathReadsTheClockOnce(t *testing.T) {
 			_, err := tr.RoundTrip(req)
 			require.NoError(t, err)
 			cc.reads.Store(0)
-			assert.False(t, tb.buckets.m["api.example.com"].ctl.hold.IsZero(), "the 429 holds the key: learn read the time")
+			assert.False(t, tb.buckets.M["api.example.com"].ctl.hold.IsZero(), "the 429 holds the key: learn read the time")
 
 			tb.clock = fc // a clock of its own: the long way
 			fc.Advance(time.Minute)
@@ -242,21 +243,21 @@ func TestTokenBucketLearnsInTheBucketOfTheKey(t *testing.T) {
 
 	ok := Signal{Now: fc.Now(), SentAt: fc.Now(), Status: 200}
 	tb.learnAt(g.bk, "k", &ok)
-	assert.Same(t, g.bk, tb.buckets.m["k"])
+	assert.Same(t, g.bk, tb.buckets.M["k"])
 	acc, _ := g.bk.ctl.meter.lastSecond(fc.Now())
 	assert.Equal(t, int32(1), acc, "learnt in the granting bucket, the key's")
 
-	fc.Advance(2 * sweepEvery) // full again and at rest: the next sweep drops it
+	fc.Advance(2 * keyed.SweepEvery) // full again and at rest: the next sweep drops it
 	_, err = tb.Wait(ctx, "other", 1, 0)
 	require.NoError(t, err)
-	_, kept := tb.buckets.m["k"]
+	_, kept := tb.buckets.M["k"]
 	require.False(t, kept, "swept")
 	assert.True(t, g.bk.dropped)
 
 	throttled := Signal{Now: fc.Now(), SentAt: fc.Now(), Status: 429, RetryAfter: time.Second, HasRetryAfter: true}
 	d := tb.learnAt(g.bk, "k", &throttled)
 	assert.Equal(t, fc.Now().Add(time.Second), d.Hold)
-	now := tb.buckets.m["k"]
+	now := tb.buckets.M["k"]
 	require.NotNil(t, now, "learnt through the map: a bucket of its own again")
 	assert.NotSame(t, g.bk, now)
 	assert.Equal(t, d.Hold, now.ctl.hold)
@@ -277,7 +278,7 @@ func TestTokenBucketStaleReadingGoesAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, g.delay, "read before the last grant's reading: as of that")
 	assert.Nil(t, g.r)
-	assert.Equal(t, t1, tb.buckets.m["k"].seen)
+	assert.Equal(t, t1, tb.buckets.M["k"].seen)
 
 	// At 10¹² a second a burst of 2³⁰ keeps its margin only full: a grant
 	// at the reading of the one before finds it a token short, which

@@ -170,9 +170,9 @@ func (s *ctlState) triesBack(t time.Time) bool {
 	return s.good > backOver*s.wmax && !s.back.IsZero() && !t.Before(s.back)
 }
 
-// atRest reports whether the state no longer matters at now, so that the
+// AtRest reports whether the state no longer matters at now, so that the
 // key can be dropped.
-func (s *ctlState) atRest(cfg *learnConfig, now time.Time) bool {
+func (s *ctlState) AtRest(cfg *learnConfig, now time.Time) bool {
 	return !s.hold.After(now) && s.rate(cfg, now) >= cfg.configured && now.Sub(s.decreased) > advertisedTTL &&
 		s.shape == shapeUnknown && s.zeroAt.IsZero() && !s.budgetUntil.After(now)
 }

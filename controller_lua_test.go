@@ -702,7 +702,7 @@ func TestSharedControllerSteps(t *testing.T) {
 				require.NoError(t, err, "step %d", j)
 				assert.InDelta(t, goSt.plateau, pl, 1e-6, "step %d: plateau", j)
 				l.mu.Lock()
-				lr := l.learnt.m[keyID("k")]
+				lr := l.learnt.M[keyID("k")]
 				l.mu.Unlock()
 				if lr != nil && (goSt.shape != shapeUnknown || lr.shape != shapeUnknown) {
 					assert.Equal(t, goSt.shape, lr.shape, "step %d: shape", j)
@@ -919,7 +919,7 @@ func TestSharedLearnsABucketFromItsGrants(t *testing.T) {
 	require.NoError(t, d.Err)
 	assert.True(t, d.Hold.IsZero(), "a bucket's success holds nothing; held %v", d.Hold.Sub(now))
 	l.mu.Lock()
-	lr := l.learnt.m[keyID("k")]
+	lr := l.learnt.M[keyID("k")]
 	l.mu.Unlock()
 	require.NotNil(t, lr)
 	assert.Equal(t, shapeBucket, lr.shape)

@@ -58,7 +58,7 @@ func (h *holds) Learn(_ context.Context, key string, s Signal) Decision {
 	if !ok {
 		if len(h.keys) >= h.sweepAt {
 			for k, v := range h.keys {
-				if v.atRest(&h.learn, s.Now) {
+				if v.AtRest(&h.learn, s.Now) {
 					delete(h.keys, k)
 				}
 			}

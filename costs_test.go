@@ -134,7 +134,7 @@ func TestTransportSettlesUsage(t *testing.T) {
 	used := func() int {
 		lim.mu.Lock()
 		defer lim.mu.Unlock()
-		return lim.states[1].m[strings.TrimPrefix(srv.URL, "http://")].log.Sum
+		return lim.states[1].M[strings.TrimPrefix(srv.URL, "http://")].log.Sum
 	}
 
 	resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"max_tokens":300}`))
@@ -268,7 +268,7 @@ func TestTransportSettlesOnClose(t *testing.T) {
 			resp.Body.Close()
 			lim.mu.Lock()
 			defer lim.mu.Unlock()
-			assert.Equal(t, tc.want, lim.states[0].m[strings.TrimPrefix(srv.URL, "http://")].log.Sum)
+			assert.Equal(t, tc.want, lim.states[0].M[strings.TrimPrefix(srv.URL, "http://")].log.Sum)
 		})
 	}
 }
@@ -287,7 +287,7 @@ func TestTransportSettlesBeforeLearning(t *testing.T) {
 	resp.Body.Close()
 	lim.mu.Lock()
 	defer lim.mu.Unlock()
-	assert.Equal(t, 1000, lim.states[0].m[strings.TrimPrefix(srv.URL, "http://")].log.Sum)
+	assert.Equal(t, 1000, lim.states[0].M[strings.TrimPrefix(srv.URL, "http://")].log.Sum)
 }
 
 // TestLLMCostInlineImages: an inline image counts as imageTokens whatever

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 )
 
 // LeakyBucket is a local leaky bucket per key: a FIFO queue drained at
@@ -38,7 +39,7 @@ type LeakyBucket struct {
 	seed  func(key string, now time.Time) *ctlState // a new key's controller state; nil: none
 
 	mu    sync.Mutex
-	lanes keyed[*lane] // guarded by mu
+	lanes keyed.Map[*lane] // guarded by mu
 }
 
 // lane is one key's queue. All its fields are guarded by the bucket's mu.
@@ -58,8 +59,8 @@ type waiter struct {
 	head chan struct{} // closed when the waiter becomes the head of the queue
 }
 
-func (l *lane) atRest(now time.Time) bool {
-	return len(l.queue) == 0 && !l.next.After(now) && (l.ctl == nil || l.ctl.atRest(l.learn, now))
+func (l *lane) AtRest(now time.Time) bool {
+	return len(l.queue) == 0 && !l.next.After(now) && (l.ctl == nil || l.ctl.AtRest(l.learn, now))
 }
 
 // NewLeakyBucket returns a leaky bucket per key that releases at rate r and
@@ -87,7 +88,7 @@ func NewLeakyBucket(r Rate, queueDepth int, opts ...LimiterOption) (*LeakyBucket
 // newLeakyBucket is NewLeakyBucket for settings known to be valid, learning
 // as by default.
 func newLeakyBucket(r Rate, queueDepth int) *LeakyBucket {
-	return &LeakyBucket{rate: r, depth: queueDepth, learn: defaultLearn(r), clock: clock.Real{}, lanes: newKeyed[*lane]()}
+	return &LeakyBucket{rate: r, depth: queueDepth, learn: defaultLearn(r), clock: clock.Real{}, lanes: keyed.New[*lane]()}
 }
 
 // Wait implements Limiter: it waits for the request's turn in key's queue.
@@ -172,7 +173,7 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	now := lb.clock.Now()
-	l := lb.lanes.m[key]
+	l := lb.lanes.M[key]
 	if l.queue[0] != w {
 		return 0, now, false
 	}
@@ -199,7 +200,7 @@ func (lb *LeakyBucket) poll(key string, w *waiter) (turn time.Duration, at time.
 func (lb *LeakyBucket) leave(key string, w *waiter) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	l := lb.lanes.m[key]
+	l := lb.lanes.M[key]
 	if w.gone {
 		return
 	}
@@ -258,14 +259,14 @@ func (l *lane) pop(i int) {
 // lane returns key's lane, making an empty one if there is none. The caller
 // holds mu.
 func (lb *LeakyBucket) lane(key string, now time.Time) *lane {
-	if l, ok := lb.lanes.get(key, now); ok {
+	if l, ok := lb.lanes.Get(key, now); ok {
 		return l
 	}
 	l := &lane{learn: &lb.learn}
 	if lb.seed != nil {
 		l.ctl = lb.seed(key, now)
 	}
-	lb.lanes.put(key, l)
+	lb.lanes.Put(key, l)
 	return l
 }
 
@@ -278,7 +279,7 @@ func (lb *LeakyBucket) Rate() Rate { return lb.rate }
 func (lb *LeakyBucket) EffectiveRate(key string) Rate {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	l, ok := lb.lanes.m[key]
+	l, ok := lb.lanes.M[key]
 	if !ok {
 		return lb.rate
 	}

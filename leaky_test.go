@@ -19,7 +19,7 @@ import (
 func leakyQueueLen(lb *LeakyBucket, key string) int {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	if l, ok := lb.lanes.m[key]; ok {
+	if l, ok := lb.lanes.M[key]; ok {
 		return len(l.queue) - l.tombs
 	}
 	return 0
@@ -30,7 +30,7 @@ func leakyLanesHeld(lb *LeakyBucket) []string {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	var keys []string
-	for k := range lb.lanes.m {
+	for k := range lb.lanes.M {
 		keys = append(keys, k)
 	}
 	return keys
@@ -456,9 +456,9 @@ func TestLeakyBucketEvictionIsInvisible(t *testing.T) {
 	// The same requests through a bucket that sweeps on every call and one
 	// that never sweeps get the same answers.
 	sweeping, fcS := newLeakyBucketOnFake(t, PerSecond(3), 2)
-	sweeping.lanes.every = time.Nanosecond
+	sweeping.lanes.Every = time.Nanosecond
 	keeping, fcK := newLeakyBucketOnFake(t, PerSecond(3), 2)
-	keeping.lanes.every = 1 << 62
+	keeping.lanes.Every = 1 << 62
 
 	gaps := []time.Duration{0, 0, 0, 100 * time.Millisecond, 2 * time.Second, 333 * time.Millisecond, 0, time.Minute, 1, 0, 334 * time.Millisecond, 5 * time.Second}
 	keys := []string{"a", "b"}
@@ -493,14 +493,14 @@ func TestLeakyBucketEvictionIsInvisible(t *testing.T) {
 			queued[w1] = w2
 		}
 	}
-	assert.Less(t, sweeping.lanes.peak, 3)
+	assert.Less(t, sweeping.lanes.Peak, 3)
 }
 
 // leakyHead returns the head of key's queue, or nil.
 func leakyHead(lb *LeakyBucket, key string) *waiter {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	if l, ok := lb.lanes.m[key]; ok && len(l.queue) > 0 {
+	if l, ok := lb.lanes.M[key]; ok && len(l.queue) > 0 {
 		return l.queue[0]
 	}
 	return nil

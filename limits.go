@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/window"
 )
 
@@ -205,9 +206,9 @@ type Limits struct {
 	margin time.Duration // added to each window's length: see NewLimits
 
 	mu      sync.Mutex
-	states  []keyed[*limitState] // one map per limit; guarded by mu
-	waiters []*limitsWaiter      // guarded by mu: the requests waiting for their turns
-	seq     uint64               // guarded by mu: the waiters made
+	states  []keyed.Map[*limitState] // one map per limit; guarded by mu
+	waiters []*limitsWaiter          // guarded by mu: the requests waiting for their turns
+	seq     uint64                   // guarded by mu: the waiters made
 }
 
 // limitState is one key's state of one limit: a bucket's tat, or a
@@ -220,7 +221,7 @@ type limitState struct {
 	open    []openGrant // a window's grants given and not yet settled, once settled tracks them
 }
 
-func (s *limitState) atRest(now time.Time) bool {
+func (s *limitState) AtRest(now time.Time) bool {
 	if s.log.W > 0 {
 		return s.log.AtRest(now)
 	}
@@ -240,9 +241,9 @@ func NewLimits(limits ...Limit) (*Limits, error) {
 	}
 	l := &Limits{limits: append([]Limit(nil), limits...), clock: clock.Real{}, margin: jitterTolerance}
 	l.holds = newHolds(&l.clock)
-	l.states = make([]keyed[*limitState], len(limits))
+	l.states = make([]keyed.Map[*limitState], len(limits))
 	for i := range l.states {
-		l.states[i] = newKeyed[*limitState]()
+		l.states[i] = keyed.New[*limitState]()
 	}
 	return l, nil
 }
@@ -441,7 +442,7 @@ func (l *Limits) replan(now time.Time) {
 		w := ws[j]
 		for i := range l.limits {
 			if c := w.cost.Of(l.limits[i].dim); c > 0 {
-				l.states[i].m[l.limits[i].key(w.key)].log.Remove(w.at, c)
+				l.states[i].M[l.limits[i].key(w.key)].log.Remove(w.at, c)
 			}
 		}
 	}
@@ -491,7 +492,7 @@ func (l *Limits) holdsGrantOf(w *limitsWaiter) bool {
 		if c == 0 {
 			continue
 		}
-		st, ok := l.states[i].m[l.limits[i].key(w.key)]
+		st, ok := l.states[i].M[l.limits[i].key(w.key)]
 		if !ok || st.log.Find(w.at, c) < 0 {
 			return false
 		}
@@ -561,13 +562,13 @@ func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Tim
 func (l *Limits) state(i int, key string, now time.Time) *limitState {
 	lim := &l.limits[i]
 	k := lim.key(key)
-	s, ok := l.states[i].get(k, now)
+	s, ok := l.states[i].Get(k, now)
 	if !ok {
 		s = &limitState{}
 		if lim.window {
 			s.log.W = lim.w + l.margin
 		}
-		l.states[i].put(k, s)
+		l.states[i].Put(k, s)
 	}
 	if lim.window {
 		s.log.Trim(now)
@@ -653,7 +654,7 @@ func (l *Limits) settleLocked(g Grant, actual Cost, now time.Time) (refunded boo
 		if from == to {
 			continue
 		}
-		s, ok := l.states[i].m[lim.key(g.Key)]
+		s, ok := l.states[i].M[lim.key(g.Key)]
 		if !ok && to > from {
 			s, ok = l.state(i, g.Key, now), true // a dimension the grant did not count
 		}

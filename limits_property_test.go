@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -260,7 +261,7 @@ func (r *limRun) gap() time.Duration {
 	case p < 94:
 		return time.Duration(r.rng.Int64N(int64(r.interval*8/5) + 1))
 	default:
-		return time.Duration(r.rng.Int64N(int64(2*r.span+sweepEvery) + 1))
+		return time.Duration(r.rng.Int64N(int64(2*r.span+keyed.SweepEvery) + 1))
 	}
 }
 
@@ -630,13 +631,13 @@ func limSnapshot(l *Limits, now time.Time, into limSnap) limSnap {
 	for i := range l.limits {
 		var buf [8]string
 		keys := buf[:0]
-		for k := range l.states[i].m {
+		for k := range l.states[i].M {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
 		rows := into[i][:0]
 		for _, k := range keys {
-			rows = limRowsOf(rows, k, l.states[i].m[k], now)
+			rows = limRowsOf(rows, k, l.states[i].M[k], now)
 		}
 		into[i] = rows
 	}
@@ -677,12 +678,12 @@ func limCopy(c *Limits, fc *clock.Fake, l *Limits, now time.Time) {
 	defer c.mu.Unlock()
 	for i := range l.states {
 		to := &c.states[i]
-		clear(to.m)
-		to.peak, to.lastSweep = l.states[i].peak, l.states[i].lastSweep
-		for k, s := range l.states[i].m {
+		clear(to.M)
+		to.Peak, to.LastSweep = l.states[i].Peak, l.states[i].LastSweep
+		for k, s := range l.states[i].M {
 			cs := *s
 			cs.log.At, cs.log.Cost = slices.Clone(s.log.At), slices.Clone(s.log.Cost)
-			to.m[k] = &cs
+			to.M[k] = &cs
 		}
 	}
 }

@@ -313,7 +313,7 @@ func limitsTrace(l *Limits) string {
 	defer l.mu.Unlock()
 	s := fmt.Sprintf("waiters %d", len(l.waiters))
 	for i := range l.limits {
-		st, ok := l.states[i].m["k"]
+		st, ok := l.states[i].M["k"]
 		if !ok {
 			continue
 		}

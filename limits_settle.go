@@ -119,7 +119,7 @@ func (l *Limits) openLocked(g Grant) {
 	for i := range l.limits {
 		lim := &l.limits[i]
 		if c := g.Cost.Of(lim.dim); c > 0 && lim.window {
-			if st, ok := l.states[i].m[lim.key(g.Key)]; ok && st.settled.track {
+			if st, ok := l.states[i].M[lim.key(g.Key)]; ok && st.settled.track {
 				st.open = append(st.open, openGrant{at: g.At, cost: int32(c)})
 			}
 		}
@@ -138,7 +138,7 @@ func (l *Limits) learnLocked(g Grant, actual Cost, now time.Time) {
 		if est == 0 || !lim.window {
 			continue
 		}
-		st, ok := l.states[i].m[lim.key(g.Key)]
+		st, ok := l.states[i].M[lim.key(g.Key)]
 		if !ok {
 			continue
 		}
@@ -266,7 +266,7 @@ func (l *Limits) expectLocked(key string, cost Cost, now time.Time) (at time.Tim
 		if !lim.window {
 			return at, -1, false
 		}
-		if st, found := l.states[i].m[lim.key(key)]; found && st.settled.expects() {
+		if st, found := l.states[i].M[lim.key(key)]; found && st.settled.expects() {
 			learnt = true
 		}
 	}
@@ -346,7 +346,7 @@ func (p *plan) state(i int, key string) *planState {
 		return s
 	}
 	s := &planState{n: lim.n, win: lim.w + p.l.margin}
-	if st, ok := p.l.states[i].m[k.key]; ok {
+	if st, ok := p.l.states[i].M[k.key]; ok {
 		st.log.Trim(p.now)
 		st.trimOpen(p.now)
 		s.win, s.stats = st.log.W, st.settled

@@ -370,7 +370,7 @@ func TestLimitsReviewCases(t *testing.T) {
 		require.NoError(t, err)
 		fc.Advance(90 * time.Second)
 		l.mu.Lock()
-		l.states[0].sweep(fc.Now()) // the key at rest is dropped
+		l.states[0].Sweep(fc.Now()) // the key at rest is dropped
 		l.mu.Unlock()
 		now := fc.Now()
 		l.Learn(ctx, "k", Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 )
 
 const (
@@ -73,7 +74,7 @@ func propGap(rng *rand.Rand, interval time.Duration) time.Duration {
 	case p < 92:
 		return time.Duration(rng.Int64N(int64(2*interval) + 1))
 	default:
-		return sweepEvery/2 + time.Duration(rng.Int64N(int64(10*sweepEvery)))
+		return keyed.SweepEvery/2 + time.Duration(rng.Int64N(int64(10*keyed.SweepEvery)))
 	}
 }
 
@@ -355,7 +356,7 @@ func TestTokenBucketProperties(t *testing.T) {
 			continue
 		}
 		twin, fcTwin := newTokenBucketOnFake(t, s.rate, s.burst)
-		twin.buckets.every = time.Nanosecond
+		twin.buckets.Every = time.Nanosecond
 		if twinTrace := propRunToken(twin, fcTwin, s); !slices.Equal(trace, twinTrace) {
 			t.Fatalf("eviction changed the answers\n%s\nwith a sweep at every call:\n%s",
 				propFormat(header(), s.arrivals, trace), propFormat("", s.arrivals, twinTrace))
@@ -703,7 +704,7 @@ func TestLeakyBucketProperties(t *testing.T) {
 					continue // the twin runs one schedule in four
 				}
 				twin, fcTwin := newLeakyBucketOnFake(t, s.rate, s.depth)
-				twin.lanes.every = time.Nanosecond
+				twin.lanes.Every = time.Nanosecond
 				twinTrace, err := propRunLeaky(twin, fcTwin, s)
 				if err != nil || !slices.Equal(trace, twinTrace) {
 					t.Fatalf("eviction changed the answers (%v)\n%s\nwith a sweep at every call:\n%s",

@@ -20,6 +20,7 @@ import (
 
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/lua"
 )
 
@@ -223,12 +224,12 @@ type shared struct {
 	lastFallback         atomic.Pointer[fallbackState] // the fallback last left, and when
 
 	mu     sync.Mutex
-	lanes  keyed[*batchLane]    // guarded by mu; coalescing state per key id
-	pauses map[string]pauseMark // guarded by mu; pauses heard of, by key id
+	lanes  keyed.Map[*batchLane] // guarded by mu; coalescing state per key id
+	pauses map[string]pauseMark  // guarded by mu; pauses heard of, by key id
 	// moved are the changes of a key's rate heard of that move the turns
 	// given before them, by key id (see retimings).
-	moved  keyed[*retimings]  // guarded by mu
-	learnt keyed[*learntRate] // guarded by mu; the rates keys were last seen held to, by key id
+	moved  keyed.Map[*retimings]  // guarded by mu
+	learnt keyed.Map[*learntRate] // guarded by mu; the rates keys were last seen held to, by key id
 
 	stop chan struct{}
 	done chan struct{}
@@ -348,9 +349,9 @@ func (r *retimings) apply(due time.Time, applied uint64, since time.Time) (time.
 	}
 }
 
-// atRest reports whether no waiter follows the key's changes and none was
+// AtRest reports whether no waiter follows the key's changes and none was
 // heard for a minute: its entry can be dropped.
-func (r *retimings) atRest(now time.Time) bool {
+func (r *retimings) AtRest(now time.Time) bool {
 	return r.waiting == 0 && now.Sub(r.last) > time.Minute
 }
 
@@ -391,10 +392,10 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		reserveScript:   redis.NewScript(lua.Reserve),
 		controlScript:   redis.NewScript(lua.Control),
 		heartbeatScript: redis.NewScript(lua.Heartbeat),
-		learnt:          newKeyed[*learntRate](),
-		lanes:           newKeyed[*batchLane](),
+		learnt:          keyed.New[*learntRate](),
+		lanes:           keyed.New[*batchLane](),
 		pauses:          make(map[string]pauseMark),
-		moved:           newKeyed[*retimings](),
+		moved:           keyed.New[*retimings](),
 		stop:            make(chan struct{}),
 		done:            make(chan struct{}),
 	}
@@ -560,10 +561,10 @@ func (s *shared) awaitTurn(ctx context.Context, id, key string, cost int, due ti
 // retimingsLocked returns key id's changes heard of, making an empty
 // record if there is none. The caller holds mu.
 func (s *shared) retimingsLocked(id string, now time.Time) *retimings {
-	r, ok := s.moved.get(id, now)
+	r, ok := s.moved.Get(id, now)
 	if !ok {
 		r = &retimings{moved: make(chan struct{})}
-		s.moved.put(id, r)
+		s.moved.Put(id, r)
 	}
 	return r
 }
@@ -578,7 +579,7 @@ func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint
 	if !r.add(now, from, factor, seq) {
 		return
 	}
-	if l, ok := s.lanes.m[id]; ok {
+	if l, ok := s.lanes.M[id]; ok {
 		l.retime(maxTime(now, from), factor, seq)
 	}
 }

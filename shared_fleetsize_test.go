@@ -132,7 +132,7 @@ func TestSharedStartMargin(t *testing.T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	assert.Equal(t, l.usable, l.usableAt("id", t0), "no lane: the usable burst")
-	l.lanes.put("id", &batchLane{born: t0})
+	l.lanes.Put("id", &batchLane{born: t0})
 	steps := []struct {
 		live int64
 		at   time.Duration

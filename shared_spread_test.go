@@ -167,7 +167,7 @@ func TestSharedHearsMoves(t *testing.T) {
 	moved := func(id string, applied uint64) time.Duration {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		r, ok := s.moved.m[id]
+		r, ok := s.moved.M[id]
 		if !ok {
 			return due.Sub(since)
 		}

@@ -64,7 +64,7 @@ const (
 // few instances' are as late as the transit margin allows. The caller
 // holds mu.
 func (s *shared) usableAt(id string, now time.Time) float64 {
-	l, ok := s.lanes.m[id]
+	l, ok := s.lanes.M[id]
 	if s.burst == 0 || !ok || now.Sub(l.born) >= startWindow {
 		return s.usable
 	}
@@ -136,7 +136,7 @@ func (l *batchLane) waiting(now, from time.Time) int {
 // arrives.
 const coalesceShare = 5
 
-func (l *batchLane) atRest(now time.Time) bool {
+func (l *batchLane) AtRest(now time.Time) bool {
 	return !l.leading && len(l.queue) == 0 && !l.held.After(now)
 }
 
@@ -174,10 +174,10 @@ func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now
 		return results[0]
 	}
 	s.mu.Lock()
-	l, ok := s.lanes.get(id, now)
+	l, ok := s.lanes.Get(id, now)
 	if !ok {
 		l = &batchLane{born: now}
-		s.lanes.put(id, l)
+		s.lanes.Put(id, l)
 	}
 	if r, refused := s.refusedAtOnce(id, l, p, now); refused {
 		s.mu.Unlock()
@@ -294,7 +294,7 @@ func (s *shared) lead(id string, l *batchLane) {
 // nextCall returns when the lead of key id, whose lane is l, makes its
 // next call, and the channel closed at the next change of the key's rate,
 // which moves that time (the lead then asks again). The lead's wait keeps
-// the key's changes from being dropped as at rest (see retimings.atRest).
+// the key's changes from being dropped as at rest (see retimings.AtRest).
 // It takes s.mu.
 func (s *shared) nextCall(id string, l *batchLane) (due time.Time, moved <-chan struct{}) {
 	s.mu.Lock()
@@ -418,7 +418,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	// started at once doing the same: with 256 in one process, the first
 	// calls took 150 ms and more, and 38 to 146 of them went to the
 	// fallback).
-	ln, ok := s.lanes.m[id]
+	ln, ok := s.lanes.M[id]
 	first = ok && ln.called.IsZero()
 	a := reserveArgv{
 		configured: s.rate.PerSecond(), usable: s.usableAt(id, now), depth: s.depth,
@@ -426,7 +426,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1,
 	}
 	var rep *budgetReport
-	if l, ok := s.learnt.m[id]; ok {
+	if l, ok := s.learnt.M[id]; ok {
 		rep, l.report = l.report, nil
 	}
 	s.mu.Unlock()
@@ -511,7 +511,7 @@ func (s *shared) pausedByBudget(id string, left time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	if l, ok := s.learnt.m[id]; ok && l.shape == shapeUnknown && !l.zeroUntil.After(now) {
+	if l, ok := s.learnt.M[id]; ok && l.shape == shapeUnknown && !l.zeroUntil.After(now) {
 		l.zeroAt, l.zeroUntil = now, now.Add(left+2*probeHold)
 	}
 }

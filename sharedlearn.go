@@ -92,7 +92,7 @@ func budgetArgs(r *budgetReport, now time.Time) budgetArgv {
 	}
 }
 
-func (l *learntRate) atRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
+func (l *learntRate) AtRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
 
 // Rate returns the configured rate.
 func (s *shared) Rate() Rate { return s.rate }
@@ -109,7 +109,7 @@ func (s *shared) EffectiveRate(key string) Rate {
 
 // learntRateLocked returns key id's rate as last seen. The caller holds mu.
 func (s *shared) learntRateLocked(id string) Rate {
-	if l, ok := s.learnt.m[id]; ok && l.rate < s.rate.PerSecond()*(1-1e-12) {
+	if l, ok := s.learnt.M[id]; ok && l.rate < s.rate.PerSecond()*(1-1e-12) {
 		return PerSecond(l.rate)
 	}
 	return s.rate
@@ -118,10 +118,10 @@ func (s *shared) learntRateLocked(id string) Rate {
 // seen records the rate a script reply gave for key id, and returns its
 // state. The caller holds mu.
 func (s *shared) seenLocked(id string, rate float64, now time.Time) *learntRate {
-	l, ok := s.learnt.get(id, now)
+	l, ok := s.learnt.Get(id, now)
 	if !ok {
 		l = &learntRate{}
-		s.learnt.put(id, l)
+		s.learnt.Put(id, l)
 	}
 	l.rate, l.seen = rate, now
 	return l
@@ -132,7 +132,7 @@ func (s *shared) seen(id string, rate float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	if _, ok := s.learnt.m[id]; !ok && rate >= s.rate.PerSecond() {
+	if _, ok := s.learnt.M[id]; !ok && rate >= s.rate.PerSecond() {
 		return // nothing learnt: nothing to remember
 	}
 	s.seenLocked(id, rate, now)
@@ -212,10 +212,10 @@ func (s *shared) record(id string, sig *Signal) heardSignal {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	l, ok := s.learnt.get(id, now)
+	l, ok := s.learnt.Get(id, now)
 	if !ok {
 		l = &learntRate{rate: s.rate.PerSecond(), seen: now}
-		s.learnt.put(id, l)
+		s.learnt.Put(id, l)
 	}
 	if hasQ {
 		l.start.narrow(&q, implied, sig)
@@ -325,7 +325,7 @@ func (s *shared) controlledLearn(id string, sig *Signal, h *heardSignal, c contr
 // probedLocked records a probe turn of key id at at (see storm). The
 // caller holds s.mu.
 func (s *shared) probedLocked(id string, at time.Time) {
-	if l, ok := s.learnt.m[id]; ok {
+	if l, ok := s.learnt.M[id]; ok {
 		copy(l.probes[1:], l.probes[:])
 		l.probes[0] = at
 	}
@@ -462,7 +462,7 @@ func (s *shared) fallbackLearn(share Rate) learnConfig {
 // share, or nil when it learnt nothing.
 func (s *shared) seedFallback(key string, now time.Time) *ctlState {
 	s.mu.Lock()
-	l, ok := s.learnt.m[keyID(key)]
+	l, ok := s.learnt.M[keyID(key)]
 	rate := 0.0
 	if ok {
 		rate = l.rate

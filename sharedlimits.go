@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/lua"
 )
 
@@ -80,7 +81,7 @@ type SharedLimits struct {
 	replan  bool // every limit a window, none a parent's: the script gives turns again on a refund
 	mu      sync.Mutex
 	closed  bool                     // guarded by mu; no work starts once set
-	lanes   keyed[*limitsLane]       // guarded by mu; coalescing per request key
+	lanes   keyed.Map[*limitsLane]   // guarded by mu; coalescing per request key
 	waiting map[string]*sharedWaiter // guarded by mu; by "<key id>:<grant id>"
 }
 
@@ -127,7 +128,7 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		fleet:   s,
 		script:  redis.NewScript(lua.Limits),
 		margin:  jitterTolerance,
-		lanes:   newKeyed[*limitsLane](),
+		lanes:   keyed.New[*limitsLane](),
 		stop:    make(chan struct{}),
 		waiting: make(map[string]*sharedWaiter),
 		largest: make([]atomic.Int64, len(limits)),
@@ -204,7 +205,7 @@ type limitsLane struct {
 	wake    chan struct{} // buffered: a waiter that cannot wait until due
 }
 
-func (ln *limitsLane) atRest(now time.Time) bool {
+func (ln *limitsLane) AtRest(now time.Time) bool {
 	return !ln.leading && len(ln.queue) == 0 && !ln.held.After(now)
 }
 
@@ -486,10 +487,10 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 		l.mu.Unlock()
 		return limitsReply{err: l.closedErr()}
 	}
-	ln, ok := l.lanes.get(key, now)
+	ln, ok := l.lanes.Get(key, now)
 	if !ok {
 		ln = &limitsLane{keys: l.redisKeys(key), wake: make(chan struct{}, 1)}
-		l.lanes.put(key, ln)
+		l.lanes.Put(key, ln)
 	}
 	ln.queue = append(ln.queue, p)
 	switch {

@@ -505,7 +505,7 @@ func TestSharedLimitsMaxWaitWhileTheLeadHoldsBack(t *testing.T) {
 	spinUntil(t, "a turn held far ahead", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		ln, ok := l.lanes.m["k"]
+		ln, ok := l.lanes.M["k"]
 		return ok && ln.held.After(time.Now().Add(5*time.Second))
 	})
 	start := time.Now()
@@ -536,7 +536,7 @@ func TestSharedLimitsClose(t *testing.T) {
 	spinUntil(t, "a turn held", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		ln, ok := l.lanes.m["k"]
+		ln, ok := l.lanes.M["k"]
 		return ok && ln.held.After(time.Now())
 	})
 	// A third waiter queues behind the lead's hold-back.
@@ -548,7 +548,7 @@ func TestSharedLimitsClose(t *testing.T) {
 	spinUntil(t, "the third queued", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return len(l.lanes.m["k"].queue) == 1
+		return len(l.lanes.M["k"].queue) == 1
 	})
 	require.NoError(t, l.Close())
 	require.ErrorIs(t, recvWithin(t, third), ErrSharedUnavailable)

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 )
 
 // TokenBucket is a local token bucket per key, built on golang.org/x/time/rate.
@@ -39,7 +40,7 @@ type TokenBucket struct {
 	seed   func(key string, now time.Time) *ctlState // a new key's controller state; nil: none
 
 	mu      sync.RWMutex
-	buckets keyed[*tokenBucket] // guarded by mu
+	buckets keyed.Map[*tokenBucket] // guarded by mu
 }
 
 // tokenBucket is one key's bucket. x/time/rate needs the times it is given in
@@ -167,15 +168,15 @@ func (b *tokenBucket) setRate(t time.Time, l rate.Limit) {
 // keeps its queue (see setRate).
 const raiseJump = 1.5
 
-// atRest reports whether the bucket is back to a new one's state at now.
+// AtRest reports whether the bucket is back to a new one's state at now.
 // The sweep that asks drops it then, so a bucket at rest is marked
 // dropped: a Transport that holds it from a grant learns through the map
 // again (see learnAt).
-func (b *tokenBucket) atRest(now time.Time) bool {
+func (b *tokenBucket) AtRest(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	rest := b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.ctl == nil || b.ctl.atRest(b.learn, now)) &&
-		(b.resume.IsZero() || now.Sub(b.resume) > sweepEvery)
+	rest := b.lim.TokensAt(now) >= float64(b.lim.Burst()) && (b.ctl == nil || b.ctl.AtRest(b.learn, now)) &&
+		(b.resume.IsZero() || now.Sub(b.resume) > keyed.SweepEvery)
 	b.dropped = b.dropped || rest
 	return rest
 }
@@ -231,7 +232,7 @@ func newTokenBucket(r Rate, burst int) *TokenBucket {
 		margin:  m,
 		learn:   defaultLearn(r),
 		clock:   clock.Real{},
-		buckets: newKeyed[*tokenBucket](),
+		buckets: keyed.New[*tokenBucket](),
 	}
 }
 
@@ -382,12 +383,12 @@ func (tb *TokenBucket) reserve(key string, cost int, b budget) (grant, error) {
 // then the clock is read again.
 func (tb *TokenBucket) reserveAt(key string, cost int, b budget, now time.Time) (grant, error) {
 	tb.mu.RLock()
-	if bk, ok := tb.buckets.m[key]; ok {
+	if bk, ok := tb.buckets.M[key]; ok {
 		if now.IsZero() {
 			now = tb.clock.Now()
 		}
 		bk.mu.Lock()
-		if !tb.buckets.sweepDue(now) {
+		if !tb.buckets.SweepDue(now) {
 			g, err := tb.take(bk, now, key, cost, b)
 			bk.mu.Unlock()
 			tb.mu.RUnlock()
@@ -544,7 +545,7 @@ func drainTo(lim *rate.Limiter, t time.Time, keep float64) {
 // bucket returns key's bucket, making a full one if there is none. The
 // caller holds mu for writing.
 func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
-	if b, ok := tb.buckets.get(key, now); ok {
+	if b, ok := tb.buckets.Get(key, now); ok {
 		return b
 	}
 	b := &tokenBucket{lim: rate.NewLimiter(tb.limit, tb.burst), limit: tb.limit, learn: &tb.learn}
@@ -554,7 +555,7 @@ func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 			b.lim.SetLimitAt(now, b.limit)
 		}
 	}
-	tb.buckets.put(key, b)
+	tb.buckets.Put(key, b)
 	return b
 }
 
@@ -567,7 +568,7 @@ func (tb *TokenBucket) Rate() Rate { return tb.rate }
 func (tb *TokenBucket) EffectiveRate(key string) Rate {
 	tb.mu.RLock()
 	defer tb.mu.RUnlock()
-	bk, ok := tb.buckets.m[key]
+	bk, ok := tb.buckets.M[key]
 	if !ok {
 		return tb.rate
 	}
@@ -581,7 +582,7 @@ func (tb *TokenBucket) EffectiveRate(key string) Rate {
 // token, so that the key resumes at its rate rather than in a burst.
 func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	tb.mu.RLock()
-	if bk, ok := tb.buckets.m[key]; ok {
+	if bk, ok := tb.buckets.M[key]; ok {
 		bk.mu.Lock()
 		d := tb.learnLocked(bk, &s)
 		bk.mu.Unlock()
@@ -600,7 +601,7 @@ func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 // learnAt is Learn in bk, the bucket that granted the request whose
 // response s is (see waitFrom): without the limiter's lock and its map,
 // which a Transport's request has just been through to reserve. A bucket
-// is the key's as long as no sweep has dropped it (see atRest); once one
+// is the key's as long as no sweep has dropped it (see AtRest); once one
 // has, s is learnt in the key's bucket of the moment, as Learn does.
 //
 // A zero s.Now says that the Transport, whose clock is tb's, did not read

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 )
 
 // tbStep is one request in a limiter step table. Times are offsets from
@@ -246,7 +247,7 @@ func TestTokenBucketRaiseKeepsTurnsApart(t *testing.T) {
 	}
 	require.Equal(t, 190*time.Millisecond, last, "19 turns owed, 10 ms apart")
 	tb.mu.RLock()
-	bk := tb.buckets.m["k"]
+	bk := tb.buckets.M["k"]
 	bk.mu.Lock()
 	bk.setRate(tb.clock.Now(), rate.Limit(101)) // 19 owed × 1%: a fifth of a token owed
 	bk.mu.Unlock()
@@ -292,7 +293,7 @@ func TestTokenBucketEviction(t *testing.T) {
 		tb.mu.RLock()
 		defer tb.mu.RUnlock()
 		var keys []string
-		for k := range tb.buckets.m {
+		for k := range tb.buckets.M {
 			keys = append(keys, k)
 		}
 		return keys
@@ -340,18 +341,18 @@ func TestTokenBucketPendingReservationKeepsBucket(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, time.Hour, delay)
 	for range 10 {
-		fc.Advance(sweepEvery)
+		fc.Advance(keyed.SweepEvery)
 		_, err := delayOf(tb.reserve("other", 1, budget{})) // runs the sweep
 		require.NoError(t, err)
 		tb.mu.RLock()
-		_, ok := tb.buckets.m["k"]
+		_, ok := tb.buckets.M["k"]
 		tb.mu.RUnlock()
 		require.True(t, ok, "the bucket with a pending reservation is kept")
 	}
 	// The reservation is honoured: the next one queues behind it.
 	delay, err = delayOf(tb.reserve("k", 1, budget{}))
 	require.NoError(t, err)
-	assert.Equal(t, 2*time.Hour-10*sweepEvery, delay)
+	assert.Equal(t, 2*time.Hour-10*keyed.SweepEvery, delay)
 }
 
 func TestTokenBucketEvictionIsInvisible(t *testing.T) {
@@ -359,9 +360,9 @@ func TestTokenBucketEvictionIsInvisible(t *testing.T) {
 	// that never sweeps get the same answers: a dropped bucket never lets
 	// an extra request through, nor holds one back.
 	sweeping, fcS := newTokenBucketOnFake(t, PerSecond(3), 4)
-	sweeping.buckets.every = time.Nanosecond
+	sweeping.buckets.Every = time.Nanosecond
 	keeping, fcK := newTokenBucketOnFake(t, PerSecond(3), 4)
-	keeping.buckets.every = 1 << 62
+	keeping.buckets.Every = 1 << 62
 
 	gaps := []time.Duration{0, 0, 0, 0, 0, 100 * time.Millisecond, 2 * time.Second, 333 * time.Millisecond, 0, time.Minute, 1, 0, 0, 0, 0, 0, 5 * time.Second}
 	keys := []string{"a", "b"}
@@ -375,7 +376,7 @@ func TestTokenBucketEvictionIsInvisible(t *testing.T) {
 		require.Equal(t, err2, err1, "request %d", i)
 		require.Equal(t, d2, d1, "request %d", i)
 	}
-	assert.Less(t, sweeping.buckets.peak, 3)
+	assert.Less(t, sweeping.buckets.Peak, 3)
 }
 
 func TestTokenBucketMillionKeys(t *testing.T) {
@@ -389,7 +390,7 @@ func TestTokenBucketMillionKeys(t *testing.T) {
 	}
 	const day = 24 * time.Hour
 	step := day / time.Duration(n)
-	perSweep := int(sweepEvery / step)
+	perSweep := int(keyed.SweepEvery / step)
 	limit := 2*perSweep + 16
 
 	tb, fc := newTokenBucketOnFake(t, PerSecond(1), 5)
@@ -400,15 +401,15 @@ func TestTokenBucketMillionKeys(t *testing.T) {
 		if err != nil || delay != 0 {
 			t.Fatalf("key %d: delay %v, err %v: a new key's first request goes at once", i, delay, err)
 		}
-		if l := tb.buckets.len(); l > most {
+		if l := tb.buckets.Len(); l > most {
 			most = l
 			if l > limit {
 				t.Fatalf("after %d keys (%v), %d buckets held; want at most %d", i+1, time.Duration(i+1)*step, l, limit)
 			}
 		}
 	}
-	t.Logf("%d keys over %v: at most %d buckets held (limit %d), peak %d", n, day, most, limit, tb.buckets.peak)
-	assert.LessOrEqual(t, tb.buckets.peak, limit, "the map was rebuilt after the spike, if there was one")
+	t.Logf("%d keys over %v: at most %d buckets held (limit %d), peak %d", n, day, most, limit, tb.buckets.Peak)
+	assert.LessOrEqual(t, tb.buckets.Peak, limit, "the map was rebuilt after the spike, if there was one")
 }
 
 // tbScriptClock is a clock whose Now answers come from the test, one call at a

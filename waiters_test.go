@@ -62,7 +62,7 @@ func waitersCases() []waitersCase {
 			parked := func() int {
 				lb.mu.Lock()
 				defer lb.mu.Unlock()
-				if l, ok := lb.lanes.m[key]; ok {
+				if l, ok := lb.lanes.M[key]; ok {
 					return len(l.queue)
 				}
 				return 0
@@ -91,7 +91,7 @@ func sharedParked(s *shared, key string) func() int {
 	return func() int {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if l, ok := s.lanes.m[id]; ok {
+		if l, ok := s.lanes.M[id]; ok {
 			return len(l.queue)
 		}
 		return 0
@@ -103,7 +103,7 @@ func sharedIdle(s *shared) func() bool {
 	return func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		for _, l := range s.lanes.m {
+		for _, l := range s.lanes.M {
 			if l.leading {
 				return false
 			}
@@ -222,7 +222,7 @@ func TestTenThousandWaitersFIFO(t *testing.T) {
 	queued := func() int {
 		lb.mu.Lock()
 		defer lb.mu.Unlock()
-		return len(lb.lanes.m[key].queue)
+		return len(lb.lanes.M[key].queue)
 	}
 	order := make(chan int, manyWaiters)
 	var wg sync.WaitGroup

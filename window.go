@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/window"
 )
 
@@ -39,14 +40,8 @@ type WindowLimit struct {
 	clock clock.Clock
 
 	mu   sync.Mutex
-	logs keyed[*windowLog] // guarded by mu
+	logs keyed.Map[*window.Log] // guarded by mu; one key's grants still in the window
 }
-
-// windowLog is one key's grants still in the window (see window.Log).
-// Guarded by the limit's mu.
-type windowLog struct{ window.Log }
-
-func (g *windowLog) atRest(now time.Time) bool { return g.AtRest(now) }
 
 // NewWindowLimit returns a sliding-window limit of n cost units in any
 // window w per key. n must be at least 1 and w positive.
@@ -58,7 +53,7 @@ func NewWindowLimit(n int, w time.Duration) (*WindowLimit, error) {
 	if w <= 0 {
 		return nil, configError(op+": window", w, "must be positive")
 	}
-	return &WindowLimit{n: n, w: w, clock: clock.Real{}, logs: newKeyed[*windowLog]()}, nil
+	return &WindowLimit{n: n, w: w, clock: clock.Real{}, logs: keyed.New[*window.Log]()}, nil
 }
 
 // Rate returns the limit's average rate, n per w.
@@ -94,10 +89,10 @@ func (l *WindowLimit) reserve(key string, cost int, b budget) (at, now time.Time
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now = l.clock.Now()
-	g, ok := l.logs.get(key, now)
+	g, ok := l.logs.Get(key, now)
 	if !ok {
-		g = &windowLog{window.Log{W: l.w}}
-		l.logs.put(key, g)
+		g = &window.Log{W: l.w}
+		l.logs.Put(key, g)
 	}
 	g.Trim(now)
 	at = g.Earliest(now, cost, l.n)
@@ -113,7 +108,7 @@ func (l *WindowLimit) reserve(key string, cost int, b budget) (at, now time.Time
 func (l *WindowLimit) cancel(key string, at time.Time, cost int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	g, ok := l.logs.m[key]
+	g, ok := l.logs.M[key]
 	if !ok {
 		return
 	}
@@ -124,7 +119,7 @@ func (l *WindowLimit) cancel(key string, at time.Time, cost int) {
 func (l *WindowLimit) Used(key string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	g, ok := l.logs.m[key]
+	g, ok := l.logs.M[key]
 	if !ok {
 		return 0
 	}

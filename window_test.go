@@ -88,8 +88,8 @@ func TestWindowLimitSteps(t *testing.T) {
 	assert.Zero(t, d)
 	fc.Advance(time.Hour)
 	l.mu.Lock()
-	l.logs.sweep(fc.Now())
-	assert.Empty(t, l.logs.m)
+	l.logs.Sweep(fc.Now())
+	assert.Empty(t, l.logs.M)
 	l.mu.Unlock()
 }
 
@@ -120,7 +120,7 @@ func TestWindowLimitWaitOnFakeClock(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, recvWithin(t, errc), context.Canceled)
 	l.mu.Lock()
-	assert.Equal(t, 1, l.logs.m["k"].Sum, "the cancelled turn was given back")
+	assert.Equal(t, 1, l.logs.M["k"].Sum, "the cancelled turn was given back")
 	l.mu.Unlock()
 }
 
