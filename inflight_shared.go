@@ -467,7 +467,7 @@ func (s *SharedInFlightLimit) beat() {
 	var n int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		n, err = caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 1).Int64()
+		n, err = caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, beat(s.id, slotMembersTTL, true)...).Int64()
 		return err
 	})
 	if err != nil {
@@ -633,7 +633,7 @@ func (s *SharedInFlightLimit) Close() error {
 			errs = append(errs, s.releaseAll(id, leases...))
 		}
 		errs = append(errs, s.do(func(ctx context.Context) error {
-			return caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, s.id, slotMembersTTL.Milliseconds(), 0).Err()
+			return caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, beat(s.id, slotMembersTTL, false)...).Err()
 		}))
 		if e := errors.Join(errs...); e != nil {
 			err = fmt.Errorf("egress: shared in-flight limit %s: close: %w", s.name, e)

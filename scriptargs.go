@@ -84,6 +84,20 @@ type reserveRequest struct {
 	maxWait int64 `argv:"20"`
 }
 
+// heartbeatArgv is heartbeat.lua's ARGV: an instance of the fleet says it
+// is alive (or leaves it), and counts the live ones.
+type heartbeatArgv struct {
+	id   string `argv:"1"`
+	ttl  int64  `argv:"2"` // ms an instance counts as live after its last beat
+	join int    `argv:"3"` // 1: add the instance; 0: remove it (Close)
+}
+
+// beat returns the heartbeat script's arguments for instance id, live for
+// ttl after it, joining (or leaving) the fleet.
+func beat(id string, ttl time.Duration, join bool) []any {
+	return argv(make([]any, 0, 4), &heartbeatArgv{id: id, ttl: ttl.Milliseconds(), join: b2i(join)})
+}
+
 // argv appends the fields of v, a pointer to one of the types above, to
 // args, in order (embedded structs in place).
 func argv(args []any, v any) []any {

@@ -68,6 +68,7 @@ func TestScriptArgsMatchHeaders(t *testing.T) {
 	}{
 		{"control.lua", &controlArgv{}, nil},
 		{"reserve.lua", &reserveArgv{}, &reserveRequest{}},
+		{"heartbeat.lua", &heartbeatArgv{}, nil},
 	} {
 		name := reflect.TypeOf(tc.fixed).Elem().Name()
 		src, err := os.ReadFile(filepath.Join("internal", "lua", tc.script))

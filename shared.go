@@ -623,7 +623,7 @@ func (s *shared) Close() error {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
 	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
-		return caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 0).Err()
+		return caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, beat(s.id, s.instanceTTL(), false)...).Err()
 	})
 	if err != nil {
 		// The instance's heartbeat expires on its own (instanceTTL).
@@ -721,7 +721,7 @@ func (s *shared) beat() {
 	var n int64
 	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
 		var err error
-		n, err = caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1).Int64()
+		n, err = caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, beat(s.id, s.instanceTTL(), true)...).Int64()
 		return err
 	})
 	if err != nil {

@@ -450,7 +450,7 @@ func (s *shared) reserveBeating(ctx context.Context, id string, args []any) (any
 	pipe := s.rdb.Pipeline()
 	now := caller.Now(s.clock)
 	rc := s.reserveScript.EvalSha(ctx, pipe, s.redisKeys(id), append(args, now)...)
-	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, s.id, s.instanceTTL().Milliseconds(), 1, now)
+	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, append(beat(s.id, s.instanceTTL(), true), now)...)
 	_, _ = pipe.Exec(ctx)
 	if n, err := hc.Int64(); err == nil {
 		s.beaten(n)
