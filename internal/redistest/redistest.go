@@ -86,6 +86,7 @@ type process struct {
 // environment variable CI is true.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	skipShort(t)
 	bin := lookBinary(t, "redis-server", exec.LookPath, os.Getenv)
 	return startServer(t, bin, freePort, nil)
 }
@@ -295,6 +296,14 @@ func (p *process) terminate(grace time.Duration) {
 // lookBinary returns the path of the program name, found by look. When it is
 // missing the test is skipped, or fails if getenv("CI") is true; with a t
 // whose Skip and Fatal return, lookBinary returns "".
+// skipShort skips t under -short: the fast step (make fast) runs no Redis.
+func skipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("redistest: -short runs no Redis (make fast)")
+	}
+}
+
 func lookBinary(t testing.TB, name string, look func(string) (string, error), getenv func(string) string) string {
 	t.Helper()
 	path, err := look(name)
@@ -471,6 +480,7 @@ type Cluster struct {
 // t.Fatal when the environment variable CI is true.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	skipShort(t)
 	bin := lookBinary(t, "redis-server", exec.LookPath, os.Getenv)
 	cli := lookBinary(t, "redis-cli", exec.LookPath, os.Getenv)
 	extra := []string{

@@ -67,6 +67,7 @@ type sentinelProc struct {
 // when the environment variable CI is true.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	skipShort(t)
 	bin := lookBinary(t, "redis-server", exec.LookPath, os.Getenv)
 	master := startServer(t, bin, freePort, nil)
 	_, mport, _ := net.SplitHostPort(master.Addr)
@@ -293,6 +294,7 @@ type ReplicatedCluster struct {
 // when the environment variable CI is true.
 func StartReplicatedCluster(t testing.TB) *ReplicatedCluster {
 	t.Helper()
+	skipShort(t)
 	bin := lookBinary(t, "redis-server", exec.LookPath, os.Getenv)
 	cli := lookBinary(t, "redis-cli", exec.LookPath, os.Getenv)
 	extra := []string{
