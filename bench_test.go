@@ -57,6 +57,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"leakybucket", []Option{WithLimiter(lb)}},
 		{"limits", []Option{WithLimiter(lims)}},
 		{"tokenbucket+retry", []Option{WithLimiter(tb), WithRetry(RetryPolicy{})}},
+		{"tokenbucket+priorities", []Option{WithLimiter(tb), WithPriorities(Priorities{})}},
 		{"tokenbucket+observer", []Option{WithLimiter(tb), WithObserver(Observer{
 			OnWait:   func(string, time.Duration) {},
 			OnReject: func(string, error) {},

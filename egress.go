@@ -195,12 +195,21 @@ type LimitError struct {
 	Cost   int           // the request's cost
 	Reason Reason        // why it was refused
 	Wait   time.Duration // the wait it would have needed; 0 when waiting could never help (cost too high)
+	// Class is the request's, with WithPriorities (else the zero Class).
+	Class Class
+	// Queued says the request was refused in its key's priority queue
+	// (WithPriorities): Wait is then the least it would have waited, as
+	// requests of a higher priority arriving later would go before it.
+	Queued bool
 }
 
 // Error describes the refusal.
 func (e *LimitError) Error() string {
 	s := fmt.Sprintf("egress: rate limited: key %q cost %d: %s", e.Key, e.Cost, e.Reason)
-	if e.Wait > 0 {
+	switch {
+	case e.Queued:
+		s += fmt.Sprintf(" (%s; would wait %v or more)", e.Class, e.Wait)
+	case e.Wait > 0:
 		s += fmt.Sprintf(" (would wait %v)", e.Wait)
 	}
 	return s

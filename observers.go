@@ -23,6 +23,7 @@ func Observers(o ...Observer) Observer {
 		hs.rate = appendHook(hs.rate, o.OnRateChange, o.OnRateChange != nil)
 		hs.shadow = appendHook(hs.shadow, o.OnShadow, o.OnShadow != nil)
 		hs.near = appendHook(hs.near, o.OnNearLimit, o.OnNearLimit != nil)
+		hs.queued = appendHook(hs.queued, o.OnQueued, o.OnQueued != nil)
 	}
 	return hs.observer()
 }
@@ -39,6 +40,7 @@ type observerHooks struct {
 	rate      []func(string, Rate, Rate, string)
 	shadow    []func(string, time.Duration, error)
 	near      []func(string, Quota)
+	queued    []func(string, Class, time.Duration)
 }
 
 // observer returns the Observer whose each hook is the combination of its
@@ -89,6 +91,11 @@ func (hs *observerHooks) observer() Observer {
 		OnNearLimit: combine(hs.near, func(key string, q Quota) {
 			for _, h := range hs.near {
 				h(key, q)
+			}
+		}),
+		OnQueued: combine(hs.queued, func(key string, c Class, waited time.Duration) {
+			for _, h := range hs.queued {
+				h(key, c, waited)
 			}
 		}),
 	}

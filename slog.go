@@ -17,7 +17,8 @@ import (
 //     changed by what the provider said (OnRateChange), a key near its
 //     limit (OnNearLimit), and in shadow mode a request that would have
 //     been refused (OnShadow);
-//   - Debug: a request that waited for capacity (OnWait), a retry about to
+//   - Debug: a request that waited for capacity (OnWait, and OnQueued
+//     with its priority and tenant under WithPriorities), a retry about to
 //     be made (OnRetry), and in shadow mode a request that would have
 //     waited.
 //
@@ -76,6 +77,7 @@ func SlogObserver(l *slog.Logger) Observer {
 		},
 		OnShadow:    func(key string, wait time.Duration, err error) { slogShadow(ctx, l, key, wait, err) },
 		OnNearLimit: func(key string, q Quota) { slogNearLimit(ctx, l, key, q) },
+		OnQueued:    func(key string, c Class, waited time.Duration) { slogQueued(ctx, l, key, c, waited) },
 		OnRateChange: func(key string, old, new Rate, why string) {
 			if !l.Enabled(ctx, slog.LevelInfo) {
 				return
@@ -96,13 +98,28 @@ func slogReject(ctx context.Context, l *slog.Logger, key string, err error) {
 	}
 	var le *LimitError
 	if errors.As(err, &le) {
-		l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
-			slog.String("key", key), slog.String("reason", le.Reason.String()),
-			slog.Duration("wait", le.Wait), slog.Int("cost", le.Cost))
+		attrs := []slog.Attr{slog.String("key", key), slog.String("reason", le.Reason.String()),
+			slog.Duration("wait", le.Wait), slog.Int("cost", le.Cost)}
+		if le.Queued || le.Class != (Class{}) {
+			attrs = append(attrs, slog.String("priority", le.Class.Priority.String()),
+				slog.String("tenant", le.Class.Tenant), slog.Bool("queued", le.Queued))
+		}
+		l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused", attrs...)
 		return
 	}
 	l.LogAttrs(ctx, slog.LevelInfo, "egress: request refused",
 		slog.String("key", key), slog.String("error", err.Error()))
+}
+
+// slogQueued is SlogObserver's OnQueued: it logs at Debug a request that
+// waited in its key's priority queue, with its priority and tenant.
+func slogQueued(ctx context.Context, l *slog.Logger, key string, c Class, waited time.Duration) {
+	if !l.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	l.LogAttrs(ctx, slog.LevelDebug, "egress: waited for its turn",
+		slog.String("key", key), slog.String("priority", c.Priority.String()),
+		slog.String("tenant", c.Tenant), slog.Duration("waited", waited))
 }
 
 // slogShadow is SlogObserver's OnShadow: it logs at Debug a request that

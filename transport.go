@@ -66,6 +66,7 @@ type Transport struct {
 	shadow       bool           // compute and report, do not enforce
 	nearLimit    float64        // the ratio of remaining to limit below which a key is near its limit
 	near         *keyCounts     // per key, 1 while it was last reported near its limit
+	gate         *gate          // WithPriorities: the keys' priority queues; nil otherwise
 }
 
 // Option configures a Transport in New.
@@ -92,6 +93,7 @@ type config struct {
 	signals     signalConfig // how responses are read (dialect.go)
 	shadow      bool
 	near        float64
+	priorities  *Priorities // nil: arrival order
 	errs        []error
 }
 
@@ -285,6 +287,10 @@ type Observer struct {
 	// count with room). Rates in between, as discovery climbs back, are
 	// read with the limiter's EffectiveRate.
 	OnRateChange func(key string, old, new Rate, why string)
+	// OnQueued is called, with WithPriorities, after a request waited for
+	// capacity, with its class and its whole wait: in its key's priority
+	// queue, then for the limiter. OnWait is called too.
+	OnQueued func(key string, c Class, waited time.Duration)
 }
 
 // New returns a Transport that sends requests through base, which defaults
@@ -332,7 +338,10 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		t.holds = newHolds(&t.clock)
 		t.learner = t.holds
 	}
-	if tb, ok := c.limiter.(*TokenBucket); ok && t.inFlight == nil && t.costs == nil && !t.shadow {
+	if c.priorities != nil && !t.shadow {
+		t.gate = newGate(*c.priorities, &t.clock)
+	}
+	if tb, ok := c.limiter.(*TokenBucket); ok && t.inFlight == nil && t.costs == nil && !t.shadow && t.gate == nil {
 		t.quick = tb
 	}
 	return t, nil
@@ -435,10 +444,13 @@ func (t *Transport) roundTrip(req *http.Request, key string) (*http.Response, er
 	var h heard     // an attempt's, which learn fills
 	for attempt := 1; ; attempt++ {
 		var a passage
-		if quick != nil {
+		switch {
+		case quick != nil:
 			a, err = t.enterQuick(r.Context(), quick, key, cost.Requests, now)
-		} else {
-			a, err = t.enter(r.Context(), key, &cost, &grant)
+		case t.gate != nil:
+			a, err = t.enterGate(r, key, &cost, &grant)
+		default:
+			a, err = t.enter(r.Context(), key, &cost, &grant, 0)
 		}
 		if err != nil {
 			return nil, t.reject(r, key, err)
@@ -507,18 +519,21 @@ func (t *Transport) reject(req *http.Request, key string, err error) error {
 // when the Transport caps them, then for the limiter (and the key's hold).
 // In shadow mode it reports instead of waiting. (The quick way through the
 // Transport's own TokenBucket is enterQuick.)
-func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant) (passage, error) {
+//
+// queued is how long the attempt has waited already, in the key's priority
+// queue (see enterGate), and counts against the maximum wait.
+func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant, queued time.Duration) (passage, error) {
 	var a passage
 	if t.shadow {
 		a.release = t.shadowEnter(ctx, key, cost, g)
 		a.sentAt = t.clock.Now()
 		return a, nil
 	}
-	release, waited, err := t.takeSlot(ctx, key)
+	release, waited, err := t.takeSlot(ctx, key, queued)
 	if err != nil {
 		return a, err
 	}
-	if err := t.admit(ctx, key, cost, waited, g); err != nil {
+	if err := t.admit(ctx, key, cost, queued+waited, g); err != nil {
 		if release != nil {
 			release()
 		}
@@ -602,12 +617,13 @@ func (t *Transport) shadowEnter(ctx context.Context, key string, c *Cost, g *Gra
 }
 
 // takeSlot takes one of key's in-flight slots, when the Transport caps
-// them, within the maximum wait; release is nil when it does not.
-func (t *Transport) takeSlot(ctx context.Context, key string) (release func(), waited time.Duration, err error) {
+// them, within what is left of the maximum wait after queued; release is
+// nil when it does not.
+func (t *Transport) takeSlot(ctx context.Context, key string, queued time.Duration) (release func(), waited time.Duration, err error) {
 	if t.inFlight == nil {
 		return nil, 0, nil
 	}
-	release, waited, err = t.inFlight.Acquire(ctx, key, t.maxWait)
+	release, waited, err = t.inFlight.Acquire(ctx, key, remaining(t.maxWait, queued))
 	if err == nil && release == nil {
 		err = fmt.Errorf("egress: the InFlightLimiter %T returned no release function for key %q", t.inFlight, key)
 	}

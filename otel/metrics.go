@@ -37,6 +37,10 @@ type Metrics struct {
 	shadow    metric.Int64Counter
 	near      metric.Int64Counter
 
+	classes      *classes // the attribute sets of requests' classes
+	classWait    metric.Float64Histogram
+	classRefused metric.Int64Counter
+
 	rate, fallback, instances, remaining, limit metric.Float64ObservableGauge
 	registration                                metric.Registration
 
@@ -69,7 +73,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	if mp == nil {
 		return nil, errors.New("egressotel: NewMetrics: the MeterProvider must not be nil")
 	}
-	c := config{maxKeys: defaultMaxKeys, keyFunc: hostKey}
+	c := config{maxKeys: defaultMaxKeys, maxTenants: defaultMaxTenants, keyFunc: hostKey}
 	for _, o := range opts {
 		if o == nil {
 			c.errs = append(c.errs, errors.New("egressotel: NewMetrics: options must not be nil"))
@@ -80,7 +84,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err
 	}
-	m := &Metrics{guard: newGuard(c.allow, c.maxKeys), keyFunc: c.keyFunc, quotas: map[quotaKey]quota{}}
+	m := &Metrics{guard: newGuard(c.allow, c.maxKeys), keyFunc: c.keyFunc, quotas: map[quotaKey]quota{}, classes: newClasses(c.maxTenants)}
 	if err := m.instruments(mp.Meter(ScopeName)); err != nil {
 		return nil, fmt.Errorf("egressotel: NewMetrics: %w", err)
 	}
@@ -117,6 +121,12 @@ func (m *Metrics) instruments(meter metric.Meter) error {
 		metric.WithDescription("Time an attempt waited for capacity before it was sent; attempts sent at once are not recorded."),
 		metric.WithExplicitBucketBoundaries(waitBuckets...))
 	errs = append(errs, err)
+	m.classWait, err = meter.Float64Histogram("egress.priority.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("With egress.WithPriorities, the time a request waited before it was sent, by its priority and tenant (egress.priority, egress.tenant)."),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	errs = append(errs, err)
+	m.classRefused = counter("egress.priority.refused", "{request}",
+		"With egress.WithPriorities, requests refused without being sent, by priority, tenant and reason.")
 	m.waiting = upDown("egress.requests.waiting", "{request}", "Requests waiting for capacity now (through Metrics.Limiter).")
 	m.inFlight = upDown("egress.requests.in_flight", "{request}", "Requests sent and not yet answered (through Metrics.InFlight).")
 	m.retries = counter("egress.retries", "{retry}", "Retries about to be made, by the cause of the failed attempt.")

@@ -23,7 +23,10 @@ import (
 //     egress.rate.changes by why;
 //   - egress.shadow.decisions (shadow mode only): result "waited" or
 //     "refused" (with egress.reason), what enforcing would have done;
-//   - egress.near_limit: a key crossing below the near-limit ratio.
+//   - egress.near_limit: a key crossing below the near-limit ratio;
+//   - with egress.WithPriorities, egress.priority.wait.duration (OnQueued)
+//     and egress.priority.refused, by egress.priority and egress.tenant
+//     (the first tenants seen, up to WithMaxTenants; OtherTenant beyond).
 //
 // Give it to egress.WithObserver, alone or through egress.Observers. The
 // hooks are safe for concurrent use; the ones called for every request
@@ -50,7 +53,12 @@ func (m *Metrics) Observer() egress.Observer {
 			m.attempts.Add(ctx, 1, s.with(attrStatus.Int(status), attribute.KeyValue{})...)
 		},
 		OnReject: func(key string, err error) {
-			m.requests.Add(ctx, 1, m.guard.series(key).with(attrResult.String("refused"), attrReason.String(reason(err)))...)
+			why := reason(err)
+			m.requests.Add(ctx, 1, m.guard.series(key).with(attrResult.String("refused"), attrReason.String(why))...)
+			m.onClassRefused(key, err, why)
+		},
+		OnQueued: func(key string, c egress.Class, waited time.Duration) {
+			m.onQueued(key, c, waited.Seconds())
 		},
 		OnRetry: func(key string, _ int, _ time.Duration, status int, err error) {
 			m.retries.Add(ctx, 1, m.guard.series(key).with(attrCause.String(cause(status, err)), attribute.KeyValue{})...)

@@ -15,8 +15,10 @@ type Option interface {
 type config struct {
 	allow   []string // nil: no allow-list
 	maxKeys int
-	keyFunc func(*http.Request) string
-	errs    []error
+	// maxTenants caps the distinct tenants of the class metrics.
+	maxTenants int
+	keyFunc    func(*http.Request) string
+	errs       []error
 }
 
 type optionFunc func(*config)
@@ -48,6 +50,19 @@ func WithMaxKeys(n int) Option {
 			c.errs = append(c.errs, fmt.Errorf("egressotel: WithMaxKeys %d: must be positive", n))
 		}
 		c.maxKeys = n
+	})
+}
+
+// WithMaxTenants caps the distinct tenants recorded under their own name
+// in the class metrics (egress.priority.*): the first n tenants seen keep
+// theirs, and later ones are recorded as OtherTenant. Default 20. It must
+// be positive.
+func WithMaxTenants(n int) Option {
+	return optionFunc(func(c *config) {
+		if n <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("egressotel: WithMaxTenants %d: must be positive", n))
+		}
+		c.maxTenants = n
 	})
 }
 

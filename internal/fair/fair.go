@@ -1,0 +1,290 @@
+// Package fair owns the order in which the waiters of one key go when its
+// limit binds: levels of priority, where a higher level goes first and
+// each lower level keeps a minimum share of the grants while it has
+// waiters, and, within a level, tenants that share max-min fairly in the
+// limit's own dimension (a waiter's work: its cost in seconds of the limit,
+// or in any unit its owner chooses, the same for all).
+//
+// It knows nothing of time, HTTP, limiters, contexts or goroutines: its
+// owner tells it of arrivals (Push), departures (Remove: a waiter that gave
+// up) and grants (Pop: who goes next), under the owner's lock. egress's
+// priority gate keeps one Queue a key.
+//
+// The rules, which the property tests hold on random schedules:
+//   - Priority: Pop takes the highest level with waiters, unless a lower
+//     level with waiters has earned its turn: every grant of work w, to any
+//     level, earns each level below the highest with waiters share·w of
+//     credit, and a level whose credit covers its next waiter's work goes
+//     first and spends it. A level keeps at least its share of the work
+//     granted while it has waiters; credit is dropped when it has none.
+//   - Fairness: within a level, the tenant that has been served the least
+//     work (divided by its weight) goes next, each tenant's own waiters in
+//     arrival order. A tenant that comes back after a pause starts level
+//     with the least served of those waiting, so a pause is not banked.
+//   - No trace: a waiter that leaves before its turn is not charged to its
+//     tenant nor kept; when its tenant and level had other waiters all
+//     along, the order of every other waiter is what it would have been
+//     had it never come. (A waiter alone at its level keeps the level's
+//     credit running while it waits; the credit goes when the level is
+//     left empty.)
+//
+// Memory: a tenant is kept while it waits, and after, while it has been
+// served more than the level's latest (it would otherwise bank a pause).
+// The owner drops the whole Queue when it is empty.
+package fair
+
+import "math"
+
+// Queue is one key's waiters. The zero value is not usable: see New. It is
+// not safe for concurrent use: its owner guards it.
+type Queue[T any] struct {
+	levels []level[T]
+	share  float64
+	weight func(tenant string) float64
+	n      int    // waiters queued
+	seq    uint64 // arrivals, to break ties in arrival order
+}
+
+// level is one priority level's waiters, by tenant.
+type level[T any] struct {
+	tenants map[string]*tenant[T]
+	active  int     // tenants with waiters
+	queued  float64 // the work of its waiters
+	credit  float64 // earned by grants while the level waited below the top
+	vtime   float64 // the served work of the tenant served last
+}
+
+// tenant is one tenant's state in a level: its waiters in arrival order
+// and the work served to it, divided by its weight.
+type tenant[T any] struct {
+	name    string
+	waiters []*Entry[T]
+	served  float64
+	floor   float64 // the level's vtime when it last began to wait
+	weight  float64
+}
+
+// Entry is a waiter in a Queue.
+type Entry[T any] struct {
+	Value  T
+	Level  int
+	Tenant string
+	Work   float64
+	seq    uint64
+	queued bool
+}
+
+// New returns an empty Queue of levels levels (0 the lowest), where each
+// level below the highest with waiters keeps share of the grants (0 ≤
+// share, share·(levels−1) ≤ 1), and a tenant's weight is weight(tenant)
+// (every tenant weighs 1 when weight is nil; a weight that is not a
+// positive finite number counts as 1).
+func New[T any](levels int, share float64, weight func(string) float64) *Queue[T] {
+	q := &Queue[T]{levels: make([]level[T], max(levels, 1)), share: share, weight: weight}
+	for i := range q.levels {
+		q.levels[i].tenants = map[string]*tenant[T]{}
+	}
+	return q
+}
+
+// Len returns the number of waiters queued.
+func (q *Queue[T]) Len() int { return q.n }
+
+// Push queues a waiter of work at level lv (clamped to the levels) for
+// tenant, holding v, and returns its entry.
+func (q *Queue[T]) Push(lv int, tenantName string, work float64, v T) *Entry[T] {
+	lv = min(max(lv, 0), len(q.levels)-1)
+	if !(work >= 0) || math.IsInf(work, 0) {
+		work = 0
+	}
+	l := &q.levels[lv]
+	t := l.tenants[tenantName]
+	if t == nil && len(l.tenants) >= 2*l.active+64 {
+		l.prune() // tenants that went ahead and left, now overtaken
+	}
+	if t == nil {
+		t = &tenant[T]{name: tenantName, served: l.vtime, weight: q.weightOf(tenantName)}
+		l.tenants[tenantName] = t
+	}
+	if len(t.waiters) == 0 {
+		t.floor = l.vtime
+		l.active++
+	}
+	q.seq++
+	e := &Entry[T]{Value: v, Level: lv, Tenant: tenantName, Work: work, seq: q.seq, queued: true}
+	t.waiters = append(t.waiters, e)
+	l.queued += work
+	q.n++
+	return e
+}
+
+func (q *Queue[T]) weightOf(name string) float64 {
+	if q.weight == nil {
+		return 1
+	}
+	if w := q.weight(name); w > 0 && !math.IsInf(w, 0) {
+		return w
+	}
+	return 1
+}
+
+// Remove takes e out of the queue before its turn and reports whether it
+// was there (false once Pop has returned it, or after an earlier Remove).
+func (q *Queue[T]) Remove(e *Entry[T]) bool {
+	if e == nil || !e.queued {
+		return false
+	}
+	l := &q.levels[e.Level]
+	t := l.tenants[e.Tenant]
+	for i, w := range t.waiters {
+		if w == e {
+			t.waiters = append(t.waiters[:i], t.waiters[i+1:]...)
+			break
+		}
+	}
+	q.leave(l, t, e)
+	return true
+}
+
+// leave accounts e's departure from t's waiters in l.
+func (q *Queue[T]) leave(l *level[T], t *tenant[T], e *Entry[T]) {
+	e.queued = false
+	q.n--
+	l.queued -= e.Work
+	if len(t.waiters) > 0 {
+		return
+	}
+	l.active--
+	t.waiters = nil
+	if t.served <= l.vtime {
+		delete(l.tenants, t.name) // nothing to remember: it would start at vtime
+	}
+	if l.active == 0 {
+		l.credit, l.queued = 0, 0
+	}
+}
+
+// prune drops the tenants of l that wait no more and are not ahead of the
+// level (served at most vtime): each would come back at vtime anyway.
+func (l *level[T]) prune() {
+	for name, t := range l.tenants {
+		if len(t.waiters) == 0 && t.served <= l.vtime {
+			delete(l.tenants, name)
+		}
+	}
+}
+
+// Pop returns the waiter whose turn it is and takes it out of the queue,
+// accounting its grant; false when the queue is empty.
+func (q *Queue[T]) Pop() (*Entry[T], bool) {
+	top := q.top()
+	if top < 0 {
+		return nil, false
+	}
+	lv, byCredit := top, false
+	for i := top - 1; i >= 0 && q.share > 0; i-- {
+		l := &q.levels[i]
+		if l.active > 0 && l.credit >= l.next().waiters[0].Work {
+			lv, byCredit = i, true
+			break
+		}
+	}
+	l := &q.levels[lv]
+	t := l.next()
+	e := t.waiters[0]
+	t.waiters = t.waiters[1:]
+	if byCredit {
+		l.credit -= e.Work
+	}
+	q.earn(top, e.Work)
+	t.served = max(t.served, t.floor) + e.Work/t.weight
+	l.vtime = max(l.vtime, t.served-e.Work/t.weight)
+	q.leave(l, t, e)
+	return e, true
+}
+
+// top returns the highest level with waiters, or -1.
+func (q *Queue[T]) top() int {
+	for i := len(q.levels) - 1; i >= 0; i-- {
+		if q.levels[i].active > 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// earn credits each level below top that has waiters with share of a
+// grant of work, up to what its next waiter needs and one grant more.
+func (q *Queue[T]) earn(top int, work float64) {
+	for i := top - 1; i >= 0; i-- {
+		l := &q.levels[i]
+		if l.active == 0 {
+			continue
+		}
+		l.credit = min(l.credit+q.share*work, l.next().waiters[0].Work+work)
+	}
+}
+
+// next returns the tenant of l whose turn it is: the least served (by
+// weight) of those waiting, ties to the earliest waiter.
+func (l *level[T]) next() *tenant[T] {
+	var best *tenant[T]
+	var bestServed float64
+	for _, t := range l.tenants {
+		if len(t.waiters) == 0 {
+			continue
+		}
+		s := max(t.served, t.floor)
+		if best == nil || s < bestServed || (s == bestServed && t.waiters[0].seq < best.waiters[0].seq) {
+			best, bestServed = t, s
+		}
+	}
+	return best
+}
+
+// Last returns the waiter that arrived last at the lowest level below lv
+// that has waiters, or nil when no level below lv has any: the one to
+// refuse when a queue of bounded depth is full and a waiter of level lv
+// comes.
+func (q *Queue[T]) Last(lv int) *Entry[T] {
+	for i := 0; i < min(lv, len(q.levels)); i++ {
+		l := &q.levels[i]
+		if l.active == 0 {
+			continue
+		}
+		var last *Entry[T]
+		for _, t := range l.tenants {
+			if n := len(t.waiters); n > 0 && (last == nil || t.waiters[n-1].seq > last.seq) {
+				last = t.waiters[n-1]
+			}
+		}
+		return last
+	}
+	return nil
+}
+
+// Ahead returns a lower bound of the work that goes before e: its own
+// tenant's waiters before it in its level, and, of the levels above, what
+// its level's share does not let it pass. It is 0 once e has left.
+func (q *Queue[T]) Ahead(e *Entry[T]) float64 {
+	if e == nil || !e.queued {
+		return 0
+	}
+	l := &q.levels[e.Level]
+	own := 0.0
+	for _, w := range l.tenants[e.Tenant].waiters {
+		if w == e {
+			break
+		}
+		own += w.Work
+	}
+	above := 0.0
+	for i := e.Level + 1; i < len(q.levels); i++ {
+		above += q.levels[i].queued
+	}
+	if q.share > 0 {
+		// Its level goes at least once in every 1/share of the grants.
+		above = min(above, (own+e.Work)*(1-q.share)/q.share)
+	}
+	return own + above
+}

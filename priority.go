@@ -1,0 +1,495 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/fair"
+)
+
+// Priority is a request's place when its key's limit binds (see
+// WithPriorities): a higher priority goes first, and each lower one keeps
+// a minimum share of the limit while it has requests waiting. The zero
+// value is PriorityNormal.
+type Priority int8
+
+// The priorities, lowest first. A value outside them counts as the
+// nearest.
+const (
+	PriorityLow    Priority = -1 // backfills, batch jobs: what can wait
+	PriorityNormal Priority = 0  // the default
+	PriorityHigh   Priority = 1  // a user waiting on a page
+)
+
+// String returns "low", "normal" or "high" (or the nearest's name).
+func (p Priority) String() string {
+	switch p.level() {
+	case 0:
+		return "low"
+	case 2:
+		return "high"
+	}
+	return "normal"
+}
+
+// level returns p's index among the priorities: 0 (low) to 2 (high).
+func (p Priority) level() int {
+	return int(min(max(p, PriorityLow), PriorityHigh) - PriorityLow)
+}
+
+// Class is whom a request is for, when its key's limit binds: its
+// priority, and its tenant (an account, a customer, a job: any name; ""
+// is a tenant too). Within a priority, the tenants with requests waiting
+// share the limit max-min fairly (see Priorities). The zero Class is a
+// normal request of tenant "".
+type Class struct {
+	Priority Priority
+	Tenant   string
+}
+
+type classKey struct{}
+
+// WithClass returns a copy of ctx that carries c: a request made with it
+// waits as c when the Transport has WithPriorities (and as any other
+// request when it has not).
+func WithClass(ctx context.Context, c Class) context.Context {
+	return context.WithValue(ctx, classKey{}, c)
+}
+
+// ClassOf returns the Class that ctx carries (see WithClass), and whether
+// it carries one.
+func ClassOf(ctx context.Context) (Class, bool) {
+	c, ok := ctx.Value(classKey{}).(Class)
+	return c, ok
+}
+
+// Priorities orders the requests of a key that wait for its limit; see
+// WithPriorities. The zero value is the defaults.
+type Priorities struct {
+	// Classify returns the Class of a request whose context carries none
+	// (WithClass): a caller that cannot reach the context (an SDK's
+	// calls) reads it from the request, a header or the path. Nil: such a
+	// request is a normal request of tenant "".
+	Classify func(*http.Request) Class
+	// MinShare is the share of the limit each priority below the highest
+	// with requests waiting keeps while it has requests waiting, in the
+	// limit's own dimension: under a flood of high-priority requests, the
+	// normal ones still get MinShare of the grants, and the low ones
+	// MinShare too. 0 means 0.1; it must lie in (0, 0.5].
+	MinShare float64
+	// Weight returns a tenant's weight: within a priority, a tenant of
+	// weight 2 gets twice the share of one of weight 1 while both wait.
+	// Nil: every tenant weighs 1. A weight that is not a positive finite
+	// number counts as 1.
+	Weight func(tenant string) float64
+}
+
+// The default Priorities.MinShare.
+const defaultMinShare = 0.1
+
+// validate reports why p cannot be used.
+func (p *Priorities) validate() error {
+	if p.MinShare == 0 {
+		p.MinShare = defaultMinShare
+	}
+	if !(p.MinShare > 0 && p.MinShare <= 0.5) {
+		return configError("WithPriorities: MinShare", p.MinShare, "must lie in (0, 0.5]")
+	}
+	return nil
+}
+
+// WithPriorities orders the requests that wait for a key's limit by their
+// Class (from the request's context, see WithClass, or p.Classify) rather
+// than by arrival:
+//
+//   - A higher priority goes first. Each lower priority keeps p.MinShare
+//     of the grants while it has requests waiting, so none starves.
+//   - Within a priority, the tenants with requests waiting share the
+//     limit max-min fairly, counted in the limit's own dimension (a
+//     request's cost in seconds of the limit; with Limits and WithCosts,
+//     of the limit it takes the largest share of): a tenant whose
+//     requests cost ten times the tokens gets a tenth of the requests.
+//     A tenant's own requests go in arrival order.
+//
+// It works with every Limiter. The order is kept in the Transport, one
+// queue a key: a request waits there for its turn, then for the limiter
+// (and the in-flight cap) as it does without priorities, one request of
+// the key at a time. A request granted by the limiter is not displaced;
+// a high-priority request arriving waits at most for that one grant. With
+// a shared limiter, each instance orders its own requests.
+//
+// A request that waits in the queue keeps its deadline and maximum wait:
+// it is refused at once (a *LimitError with Queued set) when the work
+// that surely goes before it would outlast them, and when they end while
+// it waits. Its wait is not known in advance, as a higher priority
+// arriving later goes before it: the LimitError's Wait is the least it
+// would have waited. A request whose context ends leaves the queue at
+// once and takes nothing from anyone.
+//
+// A request granted at once still passes the queue's lock: about 100 ns,
+// and no allocation. Without WithPriorities, requests wait in arrival
+// order and pay nothing for it.
+func WithPriorities(p Priorities) Option {
+	return optionFunc(func(c *config) {
+		if err := p.validate(); err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.priorities = &p
+	})
+}
+
+// classOf returns req's Class: its context's, else the Classify of p.
+func (p *Priorities) classOf(req *http.Request) Class {
+	if c, ok := ClassOf(req.Context()); ok {
+		return c
+	}
+	if p.Classify != nil {
+		return p.Classify(req)
+	}
+	return Class{}
+}
+
+// gate is the Transport's priority queues, one a key. A request with
+// the limiter is its key's lead, and a key has one lead at a time: a
+// request that finds a lead there waits in the key's fair.Queue until the
+// lead, granted or refused, hands on. (Requests side by side while the
+// limit does not bind would be cheaper, but a lead does not tell whether
+// it waits until it is granted, and every request arriving meanwhile
+// would pass the queue.)
+type gate struct {
+	p     Priorities
+	clock *clock.Clock
+
+	mu    sync.Mutex
+	keys  map[string]*gateKey // guarded by mu
+	swept int                 // guarded by mu: len(keys) after the last sweep
+}
+
+// gateKey is a key's place in the gate.
+type gateKey struct {
+	busy   bool                   // a request of the key is with the limiter
+	q      *fair.Queue[*gateWait] // the waiters
+	queued [3]int                 // the waiters' costs by priority level, in requests
+}
+
+// sum returns the waiters' costs at the levels below lv (all: 3).
+func (k *gateKey) sum(lv int) int {
+	n := 0
+	for _, c := range k.queued[:lv] {
+		n += c
+	}
+	return n
+}
+
+// gateWait is a waiter's side of the gate: told its turn, or that it was
+// pushed out of a full queue, by a close of turn.
+type gateWait struct {
+	turn chan struct{}
+	cost int
+	out  bool // pushed out: set under the gate's mu before turn is closed
+}
+
+func newGate(p Priorities, clk *clock.Clock) *gate {
+	return &gate{p: p, clock: clk, keys: map[string]*gateKey{}}
+}
+
+// queueTicket is a request's passage through the gate: what it is and needs.
+type queueTicket struct {
+	key     string
+	class   Class
+	cost    int     // in requests, for a refusal
+	work    float64 // in seconds of the limit, or units when perSec is false
+	perSec  bool    // work is in seconds: the queue's wait can be told
+	maxWait time.Duration
+	depth   int // the most the key's queue may hold, in requests; 0: no bound
+}
+
+// take waits for t's turn at its key and returns the key's place, which
+// the caller hands on (handOn) once the limiter has granted or refused it,
+// and how long t queued. A request with nobody ahead goes at once.
+func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duration, error) {
+	g.mu.Lock()
+	k := g.key(t.key)
+	if !k.busy {
+		k.busy = true
+		g.mu.Unlock()
+		return k, 0, nil
+	}
+	if k.q == nil {
+		k.q = fair.New[*gateWait](3, g.p.MinShare, g.p.Weight)
+	}
+	now := (*g.clock).Now()
+	e := g.push(k, t)
+	b := waitBudget(ctx, t.maxWait)
+	le := g.refuse(k, e, t, b, now)
+	if le == nil && t.depth > 0 && k.sum(3) > t.depth && !g.pushOut(k, t) {
+		le = &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
+	}
+	if le != nil {
+		g.remove(k, e)
+		g.mu.Unlock()
+		return nil, 0, le
+	}
+	g.mu.Unlock()
+	queued, err := g.queue(ctx, k, e, t, b, now)
+	if err != nil {
+		return nil, queued, err
+	}
+	return k, queued, nil
+}
+
+// push queues t at k. g.mu is held.
+func (g *gate) push(k *gateKey, t *queueTicket) *fair.Entry[*gateWait] {
+	lv := t.class.Priority.level()
+	k.queued[lv] += t.cost
+	w := &gateWait{turn: make(chan struct{}), cost: t.cost}
+	return k.q.Push(lv, t.class.Tenant, t.work, w)
+}
+
+// remove takes e out of k's queue and reports whether it was there.
+// g.mu is held.
+func (g *gate) remove(k *gateKey, e *fair.Entry[*gateWait]) bool {
+	if !k.q.Remove(e) {
+		return false
+	}
+	k.queued[e.Level] -= e.Value.cost
+	return true
+}
+
+// pushOut makes room in k's full queue for t by pushing out the last
+// waiters of the lowest priorities below t's, and reports whether it did
+// (it pushes out none when they would not make room). g.mu is held.
+func (g *gate) pushOut(k *gateKey, t *queueTicket) bool {
+	lv := t.class.Priority.level()
+	excess := k.sum(3) - t.depth
+	if k.sum(lv) < excess {
+		return false
+	}
+	for excess > 0 {
+		e := k.q.Last(lv)
+		g.remove(k, e)
+		excess -= e.Value.cost
+		e.Value.out = true
+		close(e.Value.turn)
+	}
+	return true
+}
+
+// key returns key's place, made on first use. Idle places are swept when
+// the map has doubled since the last sweep. g.mu is held.
+func (g *gate) key(key string) *gateKey {
+	k := g.keys[key]
+	if k != nil {
+		return k
+	}
+	if len(g.keys) >= 2*g.swept+64 {
+		for name, k := range g.keys {
+			if !k.busy {
+				delete(g.keys, name)
+			}
+		}
+		g.swept = len(g.keys)
+	}
+	k = &gateKey{}
+	g.keys[key] = k
+	return k
+}
+
+// refuse returns the LimitError of e, queued at now, when the work that
+// surely goes before it outlasts its budget b; nil when it does not, or
+// when the work is not in seconds. g.mu is held.
+func (g *gate) refuse(k *gateKey, e *fair.Entry[*gateWait], t *queueTicket, b budget, now time.Time) *LimitError {
+	if !t.perSec {
+		return nil
+	}
+	le := b.refuse(now, t.key, t.cost, seconds(k.q.Ahead(e)))
+	if le != nil {
+		le.Class, le.Queued = t.class, true
+	}
+	return le
+}
+
+// queue waits for e's turn, until ctx ends or its budget b (from since)
+// runs out, and returns how long it waited. A waiter that gives up leaves
+// the queue; one whose turn came as it gave up hands the turn on.
+func (g *gate) queue(ctx context.Context, k *gateKey, e *fair.Entry[*gateWait], t *queueTicket, b budget, since time.Time) (time.Duration, error) {
+	var expire <-chan time.Time
+	if d, ok := b.left(since); ok {
+		tm := (*g.clock).NewTimer(d)
+		defer tm.Stop()
+		expire = tm.C()
+	}
+	select {
+	case <-e.Value.turn:
+		if e.Value.out {
+			return 0, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
+		}
+		return (*g.clock).Now().Sub(since), nil
+	case <-expire:
+	case <-ctx.Done():
+	}
+	now := (*g.clock).Now()
+	waited := now.Sub(since)
+	g.mu.Lock()
+	least := waited // the least it would have waited
+	if t.perSec {
+		least += seconds(k.q.Ahead(e))
+	}
+	if !g.remove(k, e) && !e.Value.out {
+		g.next(k) // its turn came meanwhile: pass it on
+	}
+	g.mu.Unlock()
+	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return waited, ctx.Err()
+	}
+	le := &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonMaxWait, Wait: least, Class: t.class, Queued: true}
+	if dl := b.deadline; !dl.IsZero() && (b.maxWait <= 0 || !dl.After(since.Add(b.maxWait))) {
+		le.Reason = ReasonDeadline
+	}
+	return waited, le
+}
+
+// handOn gives k's turn to its next waiter, or frees it.
+func (g *gate) handOn(k *gateKey) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.next(k)
+}
+
+// next is handOn with g.mu held.
+func (g *gate) next(k *gateKey) {
+	if k.q != nil {
+		if e, ok := k.q.Pop(); ok {
+			k.queued[e.Level] -= e.Value.cost
+			close(e.Value.turn)
+			return
+		}
+	}
+	k.busy = false
+}
+
+// left returns how long a wait begun at since may last under b, and false
+// when nothing bounds it.
+func (b budget) left(since time.Time) (time.Duration, bool) {
+	d, ok := time.Duration(math.MaxInt64), false
+	if b.maxWait > 0 {
+		d, ok = b.maxWait, true
+	}
+	if !b.deadline.IsZero() {
+		d, ok = min(d, max(b.deadline.Sub(since), 0)), true
+	}
+	return d, ok
+}
+
+// seconds converts a work in seconds to a Duration, rounded to the
+// nanosecond and clamped.
+func seconds(s float64) time.Duration {
+	if !(s > 0) {
+		return 0
+	}
+	if s >= math.MaxInt64/float64(time.Second) {
+		return math.MaxInt64
+	}
+	return time.Duration(math.Round(s * float64(time.Second)))
+}
+
+// String describes c for an error: "priority high, tenant "acme"".
+func (c Class) String() string {
+	s := "priority " + c.Priority.String()
+	if c.Tenant != "" {
+		s += ", tenant " + strconv.Quote(c.Tenant)
+	}
+	return s
+}
+
+// enterGate is enter through the key's priority queue (WithPriorities): an
+// attempt that costs something waits for its turn in the queue, then
+// enters as it would without priorities, with the time it queued counted
+// against the maximum wait. OnQueued is told of a wait.
+func (t *Transport) enterGate(req *http.Request, key string, cost *Cost, g *Grant) (passage, error) {
+	ctx := req.Context()
+	if t.limiter == nil || *cost == (Cost{}) {
+		return t.enter(ctx, key, cost, g, 0)
+	}
+	tn := queueTicket{key: key, class: t.gate.p.classOf(req), cost: cost.Requests, maxWait: t.maxWait}
+	tn.work, tn.perSec = workOf(t.limiter, key, cost)
+	tn.depth = depthOf(t.limiter)
+	start := t.clock.Now()
+	a, err := t.enterTurn(ctx, &tn, cost, g)
+	if err != nil {
+		if le := (*LimitError)(nil); errors.As(err, &le) && !le.Queued {
+			le.Class = tn.class // refused by the limiter, after its turn
+		}
+		return a, err
+	}
+	if t.obs.OnQueued != nil {
+		if waited := a.sentAt.Sub(start); waited > 0 {
+			t.obs.OnQueued(key, tn.class, waited)
+		}
+	}
+	return a, nil
+}
+
+// enterTurn waits for tn's turn in its key's queue, then enters; the turn
+// passes on to the next waiter once the attempt is granted or refused.
+func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, g *Grant) (passage, error) {
+	k, queued, err := t.gate.take(ctx, tn)
+	if err != nil {
+		return passage{}, err
+	}
+	defer t.gate.handOn(k)
+	return t.enter(ctx, tn.key, cost, g, queued)
+}
+
+// workOf returns what cost takes of key's limit, in seconds of it (true),
+// or in requests when l does not tell its rate (false). With several
+// limits it is the largest share (tokens, when they bind before requests).
+func workOf(l Limiter, key string, cost *Cost) (float64, bool) {
+	switch l := l.(type) {
+	case *Limits:
+		return limitsWork(l.limits, cost), true
+	case *SharedLimits:
+		return limitsWork(l.limits, cost), true
+	case interface{ EffectiveRate(string) Rate }:
+		if r := l.EffectiveRate(key).PerSecond(); r > 0 {
+			return float64(cost.Requests) / r, true
+		}
+	}
+	return float64(cost.Requests), false
+}
+
+// depthOf returns the queue depth of a leaky bucket, which bounds the
+// key's priority queue too (0 for other limiters: no bound).
+func depthOf(l Limiter) int {
+	switch l := l.(type) {
+	case *LeakyBucket:
+		return max(l.depth, 1)
+	case *SharedLeakyBucket:
+		return max(l.depth, 1)
+	}
+	return 0
+}
+
+// limitsWork is workOf for limits enforced together: the most seconds
+// cost takes of any one of them.
+func limitsWork(limits []Limit, cost *Cost) float64 {
+	work := 0.0
+	for i := range limits {
+		l := &limits[i]
+		perSec := l.rate.PerSecond()
+		if l.window {
+			perSec = float64(l.n) / l.w.Seconds()
+		}
+		if perSec > 0 {
+			work = max(work, float64(cost.Of(l.dim))/perSec)
+		}
+	}
+	return work
+}

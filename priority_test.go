@@ -1,0 +1,337 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/egress-go/egress/internal/clock"
+)
+
+// prioRig is a Transport with WithPriorities over a 10/s token bucket of
+// burst 1, on one fake clock, whose base records the order requests are
+// sent in (by their X-Name).
+type prioRig struct {
+	t    *testing.T
+	tr   *Transport
+	fc   *clock.Fake
+	mu   sync.Mutex
+	sent []string
+	done chan prioResult
+}
+
+type prioResult struct {
+	name string
+	err  error
+}
+
+func newPrioRig(t *testing.T, opts ...Option) *prioRig {
+	t.Helper()
+	tb, err := NewTokenBucket(PerSecond(10), 1, WithTransitMargin(0))
+	require.NoError(t, err)
+	// The clock starts at the real time, so that a context's deadline (a
+	// real one) lies where the fake clock says.
+	fc := clock.NewFake(time.Now())
+	tb.clock = fc
+	return newPrioRigWith(t, tb, fc, opts...)
+}
+
+// newPrioRigWith is newPrioRig with limiter l on fc.
+func newPrioRigWith(t *testing.T, l Limiter, fc *clock.Fake, opts ...Option) *prioRig {
+	t.Helper()
+	r := &prioRig{t: t, fc: fc, done: make(chan prioResult, 64)}
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		r.mu.Lock()
+		r.sent = append(r.sent, req.Header.Get("X-Name"))
+		r.mu.Unlock()
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	})
+	opts = append([]Option{WithLimiter(l), WithPriorities(Priorities{})}, opts...)
+	r.tr = mustNewTransport(t, base, opts...)
+	r.tr.clock = fc
+	return r
+}
+
+// send sends a request named name of class c on a goroutine of its own;
+// its result comes on r.done.
+func (r *prioRig) send(ctx context.Context, name string, c Class) {
+	req, err := http.NewRequestWithContext(WithClass(ctx, c), http.MethodGet, "http://api.test/v1", nil)
+	require.NoError(r.t, err)
+	req.Header.Set("X-Name", name)
+	go func() {
+		resp, err := r.tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		r.done <- prioResult{name, err}
+	}()
+}
+
+// queued returns how many requests wait in the gate's queue of the key.
+func (r *prioRig) queued() int {
+	g := r.tr.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if k := g.keys["api.test"]; k != nil && k.q != nil {
+		return k.q.Len()
+	}
+	return 0
+}
+
+func (r *prioRig) waitQueued(n int) {
+	r.t.Helper()
+	spinUntil(r.t, "requests queued", func() bool { return r.queued() == n })
+}
+
+func (r *prioRig) order() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.sent, " ")
+}
+
+// step advances the clock by one token's interval, once timers are
+// pending (the lead's, and the queued requests' with a deadline or a
+// maximum wait), and waits for the request then granted to be sent.
+func (r *prioRig) step(timers int, want prioResult) {
+	r.t.Helper()
+	waitTimers(r.t, r.fc, timers)
+	r.fc.Advance(100 * time.Millisecond)
+	got := recvWithin(r.t, r.done)
+	require.Equal(r.t, want, got)
+}
+
+var (
+	low  = Class{Priority: PriorityLow}
+	high = Class{Priority: PriorityHigh}
+)
+
+// TestPrioritiesHighGoesFirst: requests queued behind a lead waiting for
+// its token go in priority order once it is granted, a high one ahead of
+// the low ones that came before it; each priority in arrival order.
+func TestPrioritiesHighGoesFirst(t *testing.T) {
+	r := newPrioRig(t)
+	ctx := context.Background()
+	r.send(ctx, "first", low) // the burst: at once
+	require.Equal(t, "first", recvWithin(t, r.done).name)
+	r.send(ctx, "L1", low) // the lead: waits 100 ms for the token
+	waitTimers(t, r.fc, 1)
+	r.send(ctx, "L2", low)
+	r.waitQueued(1)
+	r.send(ctx, "L3", low)
+	r.waitQueued(2)
+	r.send(ctx, "N1", Class{})
+	r.waitQueued(3)
+	r.send(ctx, "H1", high)
+	r.waitQueued(4)
+	for _, name := range []string{"L1", "H1", "N1", "L2", "L3"} {
+		r.step(1, prioResult{name: name})
+	}
+	require.Equal(t, "first L1 H1 N1 L2 L3", r.order())
+	require.Zero(t, r.queued())
+}
+
+// TestPrioritiesCancelledWaiterLeavesNoTrace: a queued request whose
+// context ends returns the context's error at once, is never sent, and
+// the requests behind it go as if it had never come.
+func TestPrioritiesCancelledWaiterLeavesNoTrace(t *testing.T) {
+	r := newPrioRig(t)
+	ctx := context.Background()
+	r.send(ctx, "first", low)
+	recvWithin(t, r.done)
+	r.send(ctx, "L1", low)
+	waitTimers(t, r.fc, 1)
+	cctx, cancel := context.WithCancel(ctx)
+	r.send(cctx, "gone", high)
+	r.waitQueued(1)
+	r.send(ctx, "L2", low)
+	r.waitQueued(2)
+	cancel()
+	got := recvWithin(t, r.done)
+	require.Equal(t, "gone", got.name)
+	require.ErrorIs(t, got.err, context.Canceled)
+	r.waitQueued(1)
+	r.step(1, prioResult{name: "L1"})
+	r.step(1, prioResult{name: "L2"})
+	require.Equal(t, "first L1 L2", r.order())
+}
+
+// TestPrioritiesRefuseWhatIsBoundToOutlast: a request whose own tenant's
+// queued work alone outlasts its deadline is refused at once, in the
+// queue, with its class and the least it would have waited; a high one
+// with the same deadline is not, and is sent.
+func TestPrioritiesRefuseWhatIsBoundToOutlast(t *testing.T) {
+	r := newPrioRig(t)
+	ctx := context.Background()
+	r.send(ctx, "first", low)
+	recvWithin(t, r.done)
+	r.send(ctx, "L0", low)
+	waitTimers(t, r.fc, 1)
+	for i := range 35 {
+		r.send(ctx, "L", low)
+		r.waitQueued(i + 1)
+	}
+	// A deadline in real time too: long enough for the test's own steps.
+	dctx, cancel := context.WithDeadline(ctx, r.fc.Now().Add(3*time.Second))
+	defer cancel()
+	r.send(dctx, "late", low)
+	got := recvWithin(t, r.done)
+	require.Equal(t, "late", got.name)
+	var le *LimitError
+	require.ErrorAs(t, got.err, &le)
+	require.ErrorIs(t, got.err, ErrRateLimited)
+	require.Equal(t, ReasonDeadline, le.Reason)
+	require.True(t, le.Queued)
+	require.Equal(t, low, le.Class)
+	require.Equal(t, 3500*time.Millisecond, le.Wait) // 35 of 100 ms ahead of it
+	require.Contains(t, le.Error(), "priority low")
+
+	r.send(dctx, "H", high)
+	r.waitQueued(36)
+	r.step(2, prioResult{name: "L0"}) // the lead's timer, and H's deadline
+	r.step(1, prioResult{name: "H"})
+	for range 35 {
+		r.step(1, prioResult{name: "L"})
+	}
+}
+
+// TestPrioritiesMaxWaitEndsInTheQueue: a low request displaced by high
+// ones that came after it is refused when its maximum wait ends in the
+// queue, as ReasonMaxWait with Queued, and leaves the queue; the high
+// ones, whose maximum waits count from their own arrival, go.
+func TestPrioritiesMaxWaitEndsInTheQueue(t *testing.T) {
+	r := newPrioRig(t, WithMaxWait(250*time.Millisecond))
+	ctx := context.Background()
+	r.send(ctx, "first", low)
+	recvWithin(t, r.done)
+	r.send(ctx, "L1", low)
+	waitTimers(t, r.fc, 1)
+	r.send(ctx, "L2", low) // at 0: its maximum wait ends at 250 ms
+	r.waitQueued(1)
+	waitTimers(t, r.fc, 2)
+	r.fc.Advance(50 * time.Millisecond)
+	for i := range 2 {
+		r.send(ctx, "H", high) // at 50 ms: their maximum waits end at 300 ms
+		r.waitQueued(i + 2)
+	}
+	// The lead's timer and the three queued requests' maximum waits.
+	waitTimers(t, r.fc, 4)
+	r.fc.Advance(50 * time.Millisecond) // t = 100 ms
+	require.Equal(t, prioResult{name: "L1"}, recvWithin(t, r.done))
+	r.step(3, prioResult{name: "H"}) // t = 200 ms
+	waitTimers(t, r.fc, 2)
+	r.fc.Advance(50 * time.Millisecond)
+	got := recvWithin(t, r.done)
+	require.Equal(t, "L2", got.name)
+	var le *LimitError
+	require.ErrorAs(t, got.err, &le)
+	require.Equal(t, ReasonMaxWait, le.Reason)
+	require.True(t, le.Queued)
+	require.GreaterOrEqual(t, le.Wait, 250*time.Millisecond)
+	require.Zero(t, r.queued())
+	r.fc.Advance(50 * time.Millisecond)
+	require.Equal(t, "H", recvWithin(t, r.done).name)
+}
+
+// TestPrioritiesValidate: MinShare out of (0, 0.5] fails New, naming the
+// option and the value.
+func TestPrioritiesValidate(t *testing.T) {
+	for _, share := range []float64{-0.1, 0.6, 1} {
+		_, err := New(nil, WithPriorities(Priorities{MinShare: share}))
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		require.ErrorContains(t, err, "WithPriorities: MinShare")
+	}
+	_, err := New(nil, WithPriorities(Priorities{}))
+	require.NoError(t, err)
+}
+
+// TestPrioritiesClassify: a request whose context carries no class is
+// classified by Priorities.Classify; the context's class wins over it.
+func TestPrioritiesClassify(t *testing.T) {
+	classify := func(req *http.Request) Class {
+		return Class{Priority: PriorityHigh, Tenant: req.Header.Get("X-Tenant")}
+	}
+	p := Priorities{Classify: classify}
+	req, _ := http.NewRequest(http.MethodGet, "http://api.test/", nil)
+	req.Header.Set("X-Tenant", "acme")
+	require.Equal(t, Class{Priority: PriorityHigh, Tenant: "acme"}, p.classOf(req))
+	req = req.WithContext(WithClass(req.Context(), low))
+	require.Equal(t, low, p.classOf(req))
+	require.Equal(t, Class{}, (&Priorities{}).classOf(req.WithContext(context.Background())))
+	require.Equal(t, "low", Priority(-7).String())
+	require.Equal(t, "high", Priority(9).String())
+}
+
+// TestPrioritiesObserved: OnQueued is told of a queued request's class
+// and wait; a refusal's LimitError carries the class.
+func TestPrioritiesObserved(t *testing.T) {
+	type seen struct {
+		c Class
+		d time.Duration
+	}
+	var mu sync.Mutex
+	var waits []seen
+	obs := Observer{OnQueued: func(_ string, c Class, d time.Duration) {
+		mu.Lock()
+		waits = append(waits, seen{c, d})
+		mu.Unlock()
+	}}
+	r := newPrioRig(t, WithObserver(obs))
+	ctx := context.Background()
+	r.send(ctx, "first", low)
+	recvWithin(t, r.done)
+	r.send(ctx, "L1", low)
+	waitTimers(t, r.fc, 1)
+	acme := Class{Priority: PriorityHigh, Tenant: "acme"}
+	r.send(ctx, "H1", acme)
+	r.waitQueued(1)
+	r.step(1, prioResult{name: "L1"})
+	r.step(1, prioResult{name: "H1"})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []seen{{low, 100 * time.Millisecond}, {acme, 200 * time.Millisecond}}, waits)
+	require.False(t, errors.Is(nil, ErrRateLimited))
+}
+
+// TestPrioritiesKeepTheLeakyBucketsDepth: with a LeakyBucket, the key's
+// priority queue holds at most its depth: a low request finding it full
+// is refused (ErrQueueFull, Queued); a high one pushes out the last low
+// one, which is refused so, and takes its place.
+func TestPrioritiesKeepTheLeakyBucketsDepth(t *testing.T) {
+	lb, err := NewLeakyBucket(PerSecond(10), 2)
+	require.NoError(t, err)
+	fc := clock.NewFake(time.Now())
+	lb.clock = fc
+	r := newPrioRigWith(t, lb, fc)
+	ctx := context.Background()
+	r.send(ctx, "first", low) // released at once
+	require.Equal(t, prioResult{name: "first"}, recvWithin(t, r.done))
+	r.send(ctx, "L0", low) // the lead: its turn in 100 ms
+	waitTimers(t, fc, 1)
+	r.send(ctx, "L1", low)
+	r.waitQueued(1)
+	r.send(ctx, "L2", low)
+	r.waitQueued(2)
+	r.send(ctx, "L3", low)
+	got := recvWithin(t, r.done)
+	require.Equal(t, "L3", got.name)
+	require.ErrorIs(t, got.err, ErrQueueFull)
+	var le *LimitError
+	require.ErrorAs(t, got.err, &le)
+	require.True(t, le.Queued)
+
+	r.send(ctx, "H", high)
+	got = recvWithin(t, r.done)
+	require.Equal(t, "L2", got.name) // pushed out
+	require.ErrorIs(t, got.err, ErrQueueFull)
+	require.Equal(t, 2, r.queued())
+	r.step(1, prioResult{name: "L0"})
+	r.step(1, prioResult{name: "H"})
+	r.step(1, prioResult{name: "L1"})
+	require.Equal(t, "first L0 H L1", r.order())
+}
