@@ -3,6 +3,8 @@ package egress
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -334,4 +336,117 @@ func TestPrioritiesKeepTheLeakyBucketsDepth(t *testing.T) {
 	r.step(1, prioResult{name: "H"})
 	r.step(1, prioResult{name: "L1"})
 	require.Equal(t, "first L0 H L1", r.order())
+}
+
+// TestPrioritiesPropertyOnRandomSchedules: on a fake clock, random
+// requests of three priorities and three tenants, some cancelled while
+// they wait, all arriving in the first moments of a 10/s bucket of burst
+// 2: every request is sent once or returns its context's error (none
+// cancelled is sent); the sends keep the bucket's bound in every window;
+// and while low requests wait behind higher ones, they still get their
+// minimum share of the sends.
+func TestPrioritiesPropertyOnRandomSchedules(t *testing.T) {
+	for seed := range uint64(12) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { prioritySchedule(t, seed) })
+	}
+}
+
+func prioritySchedule(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	tb, err := NewTokenBucket(PerSecond(10), 2, WithTransitMargin(0))
+	require.NoError(t, err)
+	fc := clock.NewFake(time.Now())
+	tb.clock = fc
+	r := newPrioRigWith(t, tb, fc)
+	var sendAt []time.Time
+	r.tr.base = roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		r.mu.Lock()
+		r.sent = append(r.sent, req.Header.Get("X-Name"))
+		sendAt = append(sendAt, fc.Now())
+		r.mu.Unlock()
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	})
+	const n = 40
+	cancels := map[string]context.CancelFunc{}
+	cancelAt := map[int][]string{} // step → names
+	prio := map[string]Priority{}
+	for i := range n {
+		name := fmt.Sprintf("r%d", i)
+		p := Priority(rng.IntN(3) - 1)
+		prio[name] = p
+		ctx := context.Background()
+		if rng.IntN(5) == 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			cancels[name] = cancel
+			at := rng.IntN(30)
+			cancelAt[at] = append(cancelAt[at], name)
+		}
+		r.send(ctx, name, Class{Priority: p, Tenant: fmt.Sprint("t", rng.IntN(3))})
+	}
+	results := map[string]error{}
+	collect := func() {
+		for {
+			select {
+			case res := <-r.done:
+				results[res.name] = res.err
+			default:
+				return
+			}
+		}
+	}
+	// Settled: every request is done, queued, or the lead on its timer.
+	settled := func() bool {
+		collect()
+		return len(results)+r.queued()+fc.Timers() >= n
+	}
+	for step := 0; len(results) < n && step < 1000; step++ {
+		for _, name := range cancelAt[step] {
+			cancels[name]()
+		}
+		spinUntil(t, "requests settled", settled)
+		fc.Advance(25 * time.Millisecond)
+	}
+	spinUntil(t, "all requests done", func() bool { collect(); return len(results) == n })
+
+	sent := map[string]bool{}
+	for _, name := range r.sent {
+		require.False(t, sent[name], "%s sent twice", name)
+		sent[name] = true
+	}
+	for name, err := range results {
+		if err != nil {
+			require.ErrorIs(t, err, context.Canceled, name)
+			require.Contains(t, cancels, name)
+			require.False(t, sent[name], "%s returned an error and was sent", name)
+		} else {
+			require.True(t, sent[name], name)
+		}
+	}
+	// The bucket's bound: at most 2 + 10·d in any window of length d.
+	for i := range sendAt {
+		for j := i; j < len(sendAt); j++ {
+			d := sendAt[j].Sub(sendAt[i]).Seconds()
+			require.LessOrEqual(t, float64(j-i+1), 2+10*d+1e-9, "sends %d to %d", i, j)
+		}
+	}
+	// The low share: counted over the sends made while a low request and
+	// a higher one were both still to be sent.
+	left := map[Priority]int{}
+	for _, name := range r.sent {
+		left[prio[name]]++
+	}
+	lows, total := 0, 0
+	for _, name := range r.sent {
+		if left[PriorityLow] == 0 || left[PriorityNormal]+left[PriorityHigh] == 0 {
+			break
+		}
+		total++
+		if prio[name] == PriorityLow {
+			lows++
+		}
+		left[prio[name]]--
+	}
+	require.GreaterOrEqual(t, lows, total/10-1, "low sends %d of %d", lows, total)
 }
