@@ -23,10 +23,12 @@
 //     with the least served of those waiting, so a pause is not banked.
 //   - No trace: a waiter that leaves before its turn is not charged to its
 //     tenant nor kept; when its tenant and level had other waiters all
-//     along, the order of every other waiter is what it would have been
-//     had it never come. (A waiter alone at its level keeps the level's
-//     credit running while it waits; the credit goes when the level is
-//     left empty.)
+//     along, and none of them weighed less than it, the order of every
+//     other waiter is what it would have been had it never come. (While it
+//     is its level's next, its level waits for credit to cover its work:
+//     a heavy waiter that leaves may have held its level back meanwhile.
+//     And one alone at its level keeps the level's credit running while it
+//     waits; the credit goes when the level is left empty.)
 //
 // Memory: a tenant is kept while it waits, and after, while it has been
 // served more than the level's latest (it would otherwise bank a pause).
@@ -51,7 +53,7 @@ type level[T any] struct {
 	active  int     // tenants with waiters
 	queued  float64 // the work of its waiters
 	credit  float64 // earned by grants while the level waited below the top
-	vtime   float64 // the served work of the tenant served last
+	vtime   float64 // the served work of the tenant served last, before that grant
 }
 
 // tenant is one tenant's state in a level: its waiters in arrival order
@@ -184,7 +186,7 @@ func (q *Queue[T]) Pop() (*Entry[T], bool) {
 	lv, byCredit := top, false
 	for i := top - 1; i >= 0 && q.share > 0; i-- {
 		l := &q.levels[i]
-		if l.active > 0 && l.credit >= l.next().waiters[0].Work {
+		if l.active > 0 && covers(l.credit, l.next().waiters[0].Work) {
 			lv, byCredit = i, true
 			break
 		}
@@ -194,13 +196,19 @@ func (q *Queue[T]) Pop() (*Entry[T], bool) {
 	e := t.waiters[0]
 	t.waiters = t.waiters[1:]
 	if byCredit {
-		l.credit -= e.Work
+		l.credit = max(l.credit-e.Work, 0)
 	}
-	q.earn(top, e.Work)
 	t.served = max(t.served, t.floor) + e.Work/t.weight
 	l.vtime = max(l.vtime, t.served-e.Work/t.weight)
 	q.leave(l, t, e)
+	q.earn(top, e.Work) // to the levels still waiting
 	return e, true
+}
+
+// covers reports whether credit covers work, but for the rounding of the
+// sums that made it (ten grants of 0.1 at share 0.1 cover 0.1).
+func covers(credit, work float64) bool {
+	return credit >= work*(1-1e-9)
 }
 
 // top returns the highest level with waiters, or -1.
@@ -214,14 +222,13 @@ func (q *Queue[T]) top() int {
 }
 
 // earn credits each level below top that has waiters with share of a
-// grant of work, up to what its next waiter needs and one grant more.
+// grant of work. (Credit needs no cap: a level spends it as soon as it
+// covers its next waiter, and loses it when it has none.)
 func (q *Queue[T]) earn(top int, work float64) {
 	for i := top - 1; i >= 0; i-- {
-		l := &q.levels[i]
-		if l.active == 0 {
-			continue
+		if l := &q.levels[i]; l.active > 0 {
+			l.credit += q.share * work
 		}
-		l.credit = min(l.credit+q.share*work, l.next().waiters[0].Work+work)
 	}
 }
 
@@ -282,9 +289,11 @@ func (q *Queue[T]) Ahead(e *Entry[T]) float64 {
 	for i := e.Level + 1; i < len(q.levels); i++ {
 		above += q.levels[i].queued
 	}
-	if q.share > 0 {
-		// Its level goes at least once in every 1/share of the grants.
-		above = min(above, (own+e.Work)*(1-q.share)/q.share)
+	if s := q.share; s > 0 {
+		// Its level goes on credit: before e, higher grants H earn it
+		// s·H, and its own grants of own earn s·own and spend own, so e
+		// goes once credit + s·(H + own) − own covers e.Work.
+		above = min(above, max(0, (own*(1-s)+e.Work-l.credit)/s))
 	}
 	return own + above
 }
