@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -449,4 +450,91 @@ func prioritySchedule(t *testing.T, seed uint64) {
 		left[prio[name]]--
 	}
 	require.GreaterOrEqual(t, lows, total/10-1, "low sends %d of %d", lows, total)
+}
+
+// TestPrioritiesTenantsShareTokens: two tenants of one priority, both
+// backlogged on a Limits of 1,000 tokens a second, one sending requests
+// of 1,000 tokens and the other of 100: each gets half the tokens (within
+// one large request), not half the requests.
+func TestPrioritiesTenantsShareTokens(t *testing.T) {
+	lims, err := NewLimits(BucketOf(Tokens, PerSecond(1000), 1000))
+	require.NoError(t, err)
+	fc := clock.NewFake(time.Now())
+	lims.clock = fc
+	tokensOf := func(req *http.Request) Cost {
+		n, _ := strconv.Atoi(req.Header.Get("X-Tokens"))
+		return Cost{Requests: 1, Tokens: n}
+	}
+	r := newPrioRigWith(t, lims, fc, WithCosts(tokensOf))
+	type sent struct {
+		tenant string
+		at     time.Time
+	}
+	var log []sent
+	r.tr.base = roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		r.mu.Lock()
+		log = append(log, sent{req.Header.Get("X-Name"), fc.Now()})
+		r.mu.Unlock()
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	send := func(tenant string, tokens int) {
+		req, err := http.NewRequestWithContext(WithClass(ctx, Class{Tenant: tenant}), http.MethodGet, "http://api.test/v1", nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Name", tenant)
+		req.Header.Set("X-Tokens", strconv.Itoa(tokens))
+		go func() {
+			resp, err := r.tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			r.done <- prioResult{tenant, err}
+		}()
+	}
+	const heavy, light = 12, 120 // 12,000 tokens each: 24 s of the limit
+	n, done := 0, 0
+	settled := func() bool {
+		for {
+			select {
+			case res := <-r.done:
+				if ctx.Err() == nil {
+					require.NoError(t, res.err)
+				}
+				done++
+			default:
+				return done+r.queued()+fc.Timers() >= n
+			}
+		}
+	}
+	for i := range light {
+		if i < heavy {
+			send("A", 1000)
+			n++
+			spinUntil(t, "settled", settled)
+		}
+		send("B", 100)
+		n++
+		spinUntil(t, "settled", settled)
+	}
+	end := fc.Now().Add(8 * time.Second)
+	for fc.Now().Before(end) {
+		spinUntil(t, "settled", settled)
+		fc.Advance(10 * time.Millisecond)
+	}
+	spinUntil(t, "settled", settled)
+	tokens := map[string]int{"A": 0, "B": 0}
+	r.mu.Lock()
+	for _, s := range log {
+		if s.at.Before(end) {
+			tokens[s.tenant] += map[string]int{"A": 1000, "B": 100}[s.tenant]
+		}
+	}
+	r.mu.Unlock()
+	total := tokens["A"] + tokens["B"]
+	require.InDelta(t, 9000, total, 1100, "tokens granted in 8 s (a burst of 1,000 and 1,000/s)")
+	require.InDelta(t, tokens["A"], tokens["B"], 1000+0.1*float64(total)/2, "tokens by tenant: %v", tokens)
+	t.Logf("tokens in 8 s: %v", tokens)
+	cancel() // what is left returns its context's error
+	spinUntil(t, "every request returned", func() bool { settled(); return done == n })
 }
