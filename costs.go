@@ -29,29 +29,6 @@ type CostLimiter interface {
 	Settle(g Grant, actual Cost)
 }
 
-// WithCosts sets the function that estimates a request's cost in each
-// dimension (WithCostFunc is its requests-only form; give one or the
-// other). The limiter must be a CostLimiter, such as Limits.
-//
-// An LLM call's tokens are known only after the response: estimate them
-// from the request (its prompt's size and max_tokens), and the Transport
-// settles each attempt once its response tells: the usage object of an
-// OpenAI, Azure OpenAI, Groq or Anthropic body, or Shopify GraphQL's
-// actualQueryCost (in Points), read as the body streams by, JSON or
-// server-sent events, at its end (see usageBody). A throttled attempt (a
-// 429, a 503 with a Retry-After, GitHub's 403 throttle) settles its tokens
-// at 0: the provider ran nothing. An attempt that failed, or whose body the
-// caller closes before its usage is complete, keeps its estimate. A nil
-// function is an error.
-func WithCosts(estimate func(*http.Request) Cost) Option {
-	return optionFunc(func(c *config) {
-		if estimate == nil {
-			c.errs = append(c.errs, configError("WithCosts", "nil", "the cost function must not be nil"))
-		}
-		c.costs = estimate
-	})
-}
-
 // checkCosts validates WithCosts against the other options.
 func (c *config) checkCosts() {
 	if c.costs == nil {

@@ -93,20 +93,6 @@ type resetOverride struct {
 	unit   ResetUnit
 }
 
-// WithSignalReader adds r to the readers of every response, after the
-// built-in ones: a dialect the built-in readers do not know, without
-// forking. Readers run in the order of their options. A nil reader is an
-// error. Default: the built-in readers only.
-func WithSignalReader(r SignalReader) Option {
-	return optionFunc(func(c *config) {
-		if r == nil || isNilReader(r) {
-			c.errs = append(c.errs, configError("WithSignalReader", fmt.Sprintf("%T", r), "the reader must not be nil"))
-			return
-		}
-		c.signals.readers = append(c.signals.readers, r)
-	})
-}
-
 // isNilReader reports whether r holds a nil pointer or a nil func, such as
 // a SignalReaderFunc(nil).
 func isNilReader(r SignalReader) bool {
@@ -114,36 +100,6 @@ func isNilReader(r SignalReader) bool {
 		return f == nil
 	}
 	return isNilPointer(r)
-}
-
-// WithResetUnit says that, in responses from host, the reset header
-// carries unit: where one header name carries different units at different
-// providers, the built-in shape rule (ResetAuto) cannot always tell, e.g.
-// X-Rate-Limit-Reset is epoch seconds at Okta but milliseconds from now at
-// Prisjakt:
-//
-//	egress.WithResetUnit("api.prisjakt.nu", "X-Rate-Limit-Reset", egress.ResetDeltaMillis)
-//
-// host is matched, without regard to case, against the request URL's host,
-// with its port or without it. header is one of the reset headers the
-// built-in readers read (docs/dialects.md lists them), in any case. A later
-// setting for the same host and header replaces an earlier one; ResetAuto
-// restores the shape rule. An empty host, an unknown header or an unknown
-// unit is an error.
-func WithResetUnit(host, header string, unit ResetUnit) Option {
-	return optionFunc(func(c *config) {
-		name := http.CanonicalHeaderKey(strings.TrimSpace(header))
-		switch {
-		case host == "" || strings.ContainsAny(host, "/ \t"):
-			c.errs = append(c.errs, configError("WithResetUnit: host", fmt.Sprintf("%q", host), "must be a host name, with or without a port"))
-		case !isResetHeader(name):
-			c.errs = append(c.errs, configError("WithResetUnit: header", fmt.Sprintf("%q", header), "is not a reset header egress reads"))
-		case int(unit) >= len(resetUnitNames):
-			c.errs = append(c.errs, configError("WithResetUnit: unit", unit, "is not a ResetUnit"))
-		default:
-			c.signals.units = append(c.signals.units, resetOverride{host: host, header: name, unit: unit})
-		}
-	})
 }
 
 // resetHeaders are the headers whose unit WithResetUnit may set: every

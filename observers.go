@@ -2,6 +2,56 @@ package egress
 
 import "time"
 
+// Observer holds hooks for metrics and logs. A nil hook is skipped at no
+// cost; the Transport allocates nothing to call them.
+type Observer struct {
+	// OnWait is called after a request waited for capacity, with how long.
+	// Requests granted at once do not call it.
+	OnWait func(key string, waited time.Duration)
+	// OnReject is called when a request is refused without being sent; err
+	// is the *LimitError (or other error) that RoundTrip returns.
+	OnReject func(key string, err error)
+	// OnSent is called when the base RoundTripper returns, with the attempt
+	// number (1 for the first), the response status (0 when err != nil) and
+	// the error.
+	OnSent func(key string, attempt, status int, err error)
+	// OnRetry is called before the Transport waits delay and sends attempt
+	// again; status and err are what the previous attempt got.
+	OnRetry func(key string, attempt int, delay time.Duration, status int, err error)
+	// OnCooldown is called when a response holds key until the given time
+	// (or holds it longer); err is the limiter's error while learning, if
+	// any (a shared limiter that could not reach Redis).
+	OnCooldown func(key string, until time.Time, err error)
+	// OnBudgetExhausted is called when a retry is not made because the
+	// retry budget is spent.
+	OnBudgetExhausted func(key string)
+	// OnShadow is called, in shadow mode only (WithShadow), for each
+	// attempt sent that an enforcing Transport would not have sent at
+	// once: err is nil when it would have waited for wait, and the
+	// *LimitError (or the limiter's error) when it would have been
+	// refused, with the wait it would have needed when known.
+	OnShadow func(key string, wait time.Duration, err error)
+	// OnNearLimit is called when a response reports key below the
+	// near-limit ratio of one of its quotas (WithNearLimit, 20% by
+	// default), with the quota reported; or warns without counts (Jira's
+	// X-RateLimit-NearLimit), with a zero Quota. It is called once as the
+	// key crosses below, and again only after a report above the ratio.
+	OnNearLimit func(key string, q Quota)
+	// OnRateChange is called when a response changes the rate key is held
+	// to; why is "advertised" (the provider stated its limit), "throttled"
+	// (discovery lowered it), "storm" (throttles thought to be about the
+	// quota were not: the decreases they caused are undone) or "counted"
+	// (a bucket's counts showed no room, or fell, as the rate climbed back:
+	// it levels off at the refill they show, or at the rate of the last
+	// count with room). Rates in between, as discovery climbs back, are
+	// read with the limiter's EffectiveRate.
+	OnRateChange func(key string, old, new Rate, why string)
+	// OnQueued is called, with WithPriorities, after a request waited for
+	// capacity, with its class and its whole wait: in its key's priority
+	// queue, then for the limiter. OnWait is called too.
+	OnQueued func(key string, c Class, waited time.Duration)
+}
+
 // Observers returns an Observer that calls the hooks of each of o in turn,
 // in the order given: metrics and logs from one Transport, for instance
 //

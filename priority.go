@@ -104,47 +104,6 @@ func (p *Priorities) validate() error {
 	return nil
 }
 
-// WithPriorities orders the requests that wait for a key's limit by their
-// Class (from the request's context, see WithClass, or p.Classify) rather
-// than by arrival:
-//
-//   - A higher priority goes first. Each lower priority keeps p.MinShare
-//     of the grants while it has requests waiting, so none starves.
-//   - Within a priority, the tenants with requests waiting share the
-//     limit max-min fairly, counted in the limit's own dimension (a
-//     request's cost in seconds of the limit; with Limits and WithCosts,
-//     of the limit it takes the largest share of): a tenant whose
-//     requests cost ten times the tokens gets a tenth of the requests.
-//     A tenant's own requests go in arrival order.
-//
-// It works with every Limiter. The order is kept in the Transport, one
-// queue a key: a request waits there for its turn, then for the limiter
-// (and the in-flight cap) as it does without priorities, one request of
-// the key at a time. A request granted by the limiter is not displaced;
-// a high-priority request arriving waits at most for that one grant. With
-// a shared limiter, each instance orders its own requests.
-//
-// A request that waits in the queue keeps its deadline and maximum wait:
-// it is refused at once (a *LimitError with Queued set) when the work
-// that surely goes before it would outlast them, and when they end while
-// it waits. Its wait is not known in advance, as a higher priority
-// arriving later goes before it: the LimitError's Wait is the least it
-// would have waited. A request whose context ends leaves the queue at
-// once and takes nothing from anyone.
-//
-// A request granted at once still passes the queue's lock: about 100 ns,
-// and no allocation. Without WithPriorities, requests wait in arrival
-// order and pay nothing for it.
-func WithPriorities(p Priorities) Option {
-	return optionFunc(func(c *config) {
-		if err := p.validate(); err != nil {
-			c.errs = append(c.errs, err)
-			return
-		}
-		c.priorities = &p
-	})
-}
-
 // classOf returns req's Class: its context's, else the Classify of p.
 func (p *Priorities) classOf(req *http.Request) Class {
 	if c, ok := ClassOf(req.Context()); ok {
