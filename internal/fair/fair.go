@@ -31,11 +31,16 @@
 //     waits; the credit goes when the level is left empty.)
 //
 // Memory: a tenant is kept while it waits, and after, while it has been
-// served more than the level's latest (it would otherwise bank a pause).
-// The owner drops the whole Queue when it is empty.
+// served more than the level's latest (it would otherwise bank a pause),
+// up to remembered of those a level. Choosing the next waiter takes time
+// in the number of tenants waiting at its level.
 package fair
 
-import "math"
+import (
+	"cmp"
+	"math"
+	"slices"
+)
 
 // Queue is one key's waiters. The zero value is not usable: see New. It is
 // not safe for concurrent use: its owner guards it.
@@ -50,7 +55,9 @@ type Queue[T any] struct {
 // level is one priority level's waiters, by tenant.
 type level[T any] struct {
 	tenants map[string]*tenant[T]
-	active  int     // tenants with waiters
+	waiting []*tenant[T] // the tenants with waiters, in no order
+	active  int          // len(waiting)
+	pruned  int          // len(tenants) after the last prune
 	queued  float64 // the work of its waiters
 	credit  float64 // earned by grants while the level waited below the top
 	vtime   float64 // the served work of the tenant served last, before that grant
@@ -64,6 +71,7 @@ type tenant[T any] struct {
 	served  float64
 	floor   float64 // the level's vtime when it last began to wait
 	weight  float64
+	at      int // its index in the level's waiting, while it waits
 }
 
 // Entry is a waiter in a Queue.
@@ -101,8 +109,8 @@ func (q *Queue[T]) Push(lv int, tenantName string, work float64, v T) *Entry[T] 
 	}
 	l := &q.levels[lv]
 	t := l.tenants[tenantName]
-	if t == nil && len(l.tenants) >= 2*l.active+64 {
-		l.prune() // tenants that went ahead and left, now overtaken
+	if t == nil && len(l.tenants) >= 2*max(l.pruned, l.active)+64 {
+		l.prune() // tenants that went ahead and left
 	}
 	if t == nil {
 		t = &tenant[T]{name: tenantName, served: l.vtime, weight: q.weightOf(tenantName)}
@@ -110,6 +118,8 @@ func (q *Queue[T]) Push(lv int, tenantName string, work float64, v T) *Entry[T] 
 	}
 	if len(t.waiters) == 0 {
 		t.floor = l.vtime
+		t.at = len(l.waiting)
+		l.waiting = append(l.waiting, t)
 		l.active++
 	}
 	q.seq++
@@ -158,6 +168,10 @@ func (q *Queue[T]) leave(l *level[T], t *tenant[T], e *Entry[T]) {
 	}
 	l.active--
 	t.waiters = nil
+	last := l.waiting[len(l.waiting)-1]
+	l.waiting[t.at], last.at = last, t.at
+	l.waiting[len(l.waiting)-1] = nil
+	l.waiting = l.waiting[:len(l.waiting)-1]
 	if t.served <= l.vtime {
 		delete(l.tenants, t.name) // nothing to remember: it would start at vtime
 	}
@@ -166,14 +180,33 @@ func (q *Queue[T]) leave(l *level[T], t *tenant[T], e *Entry[T]) {
 	}
 }
 
+// remembered is how many tenants that wait no more a level keeps while
+// they are ahead of it (served more than vtime); beyond, the least ahead
+// are dropped, and come back level with the rest, a little ahead of where
+// they were.
+const remembered = 1024
+
 // prune drops the tenants of l that wait no more and are not ahead of the
-// level (served at most vtime): each would come back at vtime anyway.
+// level (served at most vtime): each would come back at vtime anyway; and,
+// beyond remembered of them, the least ahead.
 func (l *level[T]) prune() {
+	var ahead []*tenant[T]
 	for name, t := range l.tenants {
-		if len(t.waiters) == 0 && t.served <= l.vtime {
+		switch {
+		case len(t.waiters) > 0:
+		case t.served <= l.vtime:
 			delete(l.tenants, name)
+		default:
+			ahead = append(ahead, t)
 		}
 	}
+	if len(ahead) > remembered {
+		slices.SortFunc(ahead, func(a, b *tenant[T]) int { return cmp.Compare(a.served, b.served) })
+		for _, t := range ahead[:len(ahead)-remembered/2] {
+			delete(l.tenants, t.name)
+		}
+	}
+	l.pruned = len(l.tenants)
 }
 
 // Pop returns the waiter whose turn it is and takes it out of the queue,
@@ -237,10 +270,7 @@ func (q *Queue[T]) earn(top int, work float64) {
 func (l *level[T]) next() *tenant[T] {
 	var best *tenant[T]
 	var bestServed float64
-	for _, t := range l.tenants {
-		if len(t.waiters) == 0 {
-			continue
-		}
+	for _, t := range l.waiting {
 		s := max(t.served, t.floor)
 		if best == nil || s < bestServed || (s == bestServed && t.waiters[0].seq < best.waiters[0].seq) {
 			best, bestServed = t, s
@@ -260,8 +290,8 @@ func (q *Queue[T]) Last(lv int) *Entry[T] {
 			continue
 		}
 		var last *Entry[T]
-		for _, t := range l.tenants {
-			if n := len(t.waiters); n > 0 && (last == nil || t.waiters[n-1].seq > last.seq) {
+		for _, t := range l.waiting {
+			if n := len(t.waiters); last == nil || t.waiters[n-1].seq > last.seq {
 				last = t.waiters[n-1]
 			}
 		}

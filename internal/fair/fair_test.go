@@ -1118,8 +1118,8 @@ func randomSchedule(cfg propConfig, seed uint64) error {
 
 // TestMemory holds the memory rule on a crowd of one-shot tenants: once
 // drained, a level keeps no more tenants than it had; once they are
-// overtaken, the next newcomer to a crowded level (64 or more kept)
-// leaves only itself and the one ahead.
+// overtaken, a later prune drops them all but the one still ahead, and a
+// level never holds more than twice what it kept at its last prune.
 func TestMemory(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -1154,12 +1154,38 @@ func TestMemory(t *testing.T) {
 				q.Push(lv, "z", total+1, -1)
 			}
 			drain(t, q)
+			// One-shot newcomers: the overtaken crowd goes at a prune,
+			// z (still ahead) stays, and the level never holds more than
+			// twice what it kept at the last prune and 64.
+			for i := range 4 * remembered {
+				for lv := range 2 {
+					q.Push(lv, fmt.Sprint("n", i), 1, -2)
+					l := &q.levels[lv]
+					require.LessOrEqual(t, len(l.tenants), 2*max(l.pruned, l.active)+64, "level %d", lv)
+					require.LessOrEqual(t, len(l.tenants), 2*remembered+64, "level %d", lv)
+				}
+				drain(t, q)
+			}
 			for lv := range 2 {
-				q.Push(lv, "newcomer", 1, -2)
-				require.Len(t, q.levels[lv].tenants, 2, "level %d: the newcomer and z, still ahead", lv)
 				require.Contains(t, q.levels[lv].tenants, "z", "level %d", lv)
+				for name := range q.levels[lv].tenants {
+					require.False(t, strings.HasPrefix(name, "c"), "level %d keeps %s, overtaken", lv, name)
+				}
 			}
 		})
+	}
+}
+
+// TestMemoryWhileAlwaysBusy: one-shot tenants arriving while others wait
+// (the level's vtime does not move) are kept up to remembered, no more.
+func TestMemoryWhileAlwaysBusy(t *testing.T) {
+	q := New[int](1, 0, nil)
+	q.Push(0, "first", 1, 0)
+	for i := range 5000 {
+		q.Push(0, fmt.Sprint("c", i), 1, i)
+		_, ok := mustPop(t, q)
+		require.True(t, ok)
+		require.LessOrEqual(t, len(q.levels[0].tenants), 2*remembered+64)
 	}
 }
 
