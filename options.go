@@ -298,9 +298,11 @@ func WithResetUnit(host, header string, unit ResetUnit) Option {
 // It works with every Limiter. The order is kept in the Transport, one
 // queue a key: a request waits there for its turn, then for the limiter
 // (and the in-flight cap) as it does without priorities, one request of
-// the key at a time. A request granted by the limiter is not displaced;
-// a high-priority request arriving waits at most for that one grant. With
-// a shared limiter, each instance orders its own requests.
+// the key at a time, and a high-priority one beside it. A turn the limiter
+// has given is not displaced: a high-priority request arriving takes the
+// next turn from the limiter at once, behind at most the one given (in a
+// fleet, behind at most one of each instance). With a shared limiter, each
+// instance orders its own requests.
 //
 // A request that waits in the queue keeps its deadline and maximum wait:
 // it is refused at once (a *LimitError with Queued set) when the work
@@ -310,9 +312,10 @@ func WithResetUnit(host, header string, unit ResetUnit) Option {
 // would have waited. A request whose context ends leaves the queue at
 // once and takes nothing from anyone.
 //
-// A request granted at once still passes the queue's lock: about 100 ns,
-// and no allocation. Without WithPriorities, requests wait in arrival
-// order and pay nothing for it.
+// A request granted at once passes the queue's lock and takes the
+// general path through the limiter, and allocates nothing (see
+// BENCHMARKS.md). Without WithPriorities, requests wait in arrival order
+// and pay nothing for it. In shadow mode (WithShadow) it has no effect.
 func WithPriorities(p Priorities) Option {
 	return optionFunc(func(c *config) {
 		if err := p.validate(); err != nil {

@@ -116,12 +116,17 @@ func (p *Priorities) classOf(req *http.Request) Class {
 }
 
 // gate is the Transport's priority queues, one a key. A request with
-// the limiter is its key's lead, and a key has one lead at a time: a
-// request that finds a lead there waits in the key's fair.Queue until the
-// lead, granted or refused, hands on. (Requests side by side while the
+// the limiter is a lead of its key. A request goes to the limiter at once
+// when its key has no lead, or when it is a high one and no other high one
+// is with the limiter or waiting: the lower lead's turn, already given, is
+// not displaced, and the high request reserves its own turn beside it
+// rather than after it is granted (in a fleet, a turn may be a turn of
+// each instance away). Otherwise it waits in the key's fair.Queue; when a
+// lead is done, the next waiter goes when no lead is left, or when it is
+// of a higher priority than every lead left. (Requests side by side while the
 // limit does not bind would be cheaper, but a lead does not tell whether
-// it waits until it is granted, and every request arriving meanwhile
-// would pass the queue.)
+// it waits until it is granted, and every request arriving meanwhile would
+// pass the queue.)
 type gate struct {
 	p     Priorities
 	clock *clock.Clock
@@ -133,9 +138,27 @@ type gate struct {
 
 // gateKey is a key's place in the gate.
 type gateKey struct {
-	busy   bool                   // a request of the key is with the limiter
+	leads  [3]int                 // the requests with the limiter, by priority level
 	q      *fair.Queue[*gateWait] // the waiters
 	queued [3]int                 // the waiters' costs by priority level, in requests
+}
+
+// topLead returns the highest level with a lead, or -1 when none.
+func (k *gateKey) topLead() int {
+	for lv := len(k.leads) - 1; lv >= 0; lv-- {
+		if k.leads[lv] > 0 {
+			return lv
+		}
+	}
+	return -1
+}
+
+// straight reports whether a request of level lv goes to the limiter at
+// once: when the key has no lead; or, a high request, when no high one is
+// with the limiter or waiting.
+func (k *gateKey) straight(lv int) bool {
+	top := k.topLead()
+	return top < 0 || lv == len(k.leads)-1 && lv > top && (k.q == nil || !k.q.Waiting(lv))
 }
 
 // sum returns the waiters' costs at the levels below lv (all: 3).
@@ -176,8 +199,11 @@ type queueTicket struct {
 func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duration, error) {
 	g.mu.Lock()
 	k := g.key(t.key)
-	if !k.busy {
-		k.busy = true
+	if lv := t.class.Priority.level(); k.straight(lv) {
+		k.leads[lv]++
+		if k.q != nil {
+			k.q.Charge(lv, t.class.Tenant, t.work)
+		}
 		g.mu.Unlock()
 		return k, 0, nil
 	}
@@ -250,7 +276,7 @@ func (g *gate) key(key string) *gateKey {
 	}
 	if len(g.keys) >= 2*g.swept+64 {
 		for name, k := range g.keys {
-			if !k.busy {
+			if k.topLead() < 0 {
 				delete(g.keys, name)
 			}
 		}
@@ -302,7 +328,7 @@ func (g *gate) queue(ctx context.Context, k *gateKey, e *fair.Entry[*gateWait], 
 		least += seconds(k.q.Ahead(e))
 	}
 	if !g.remove(k, e) && !e.Value.out {
-		g.next(k) // its turn came meanwhile: pass it on
+		g.next(k, e.Level) // its turn came meanwhile: pass it on
 	}
 	g.mu.Unlock()
 	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -315,23 +341,27 @@ func (g *gate) queue(ctx context.Context, k *gateKey, e *fair.Entry[*gateWait], 
 	return waited, le
 }
 
-// handOn gives k's turn to its next waiter, or frees it.
-func (g *gate) handOn(k *gateKey) {
+// handOn ends a lead of level lv at k, and gives the next waiter its turn
+// when it may go (see gate).
+func (g *gate) handOn(k *gateKey, lv int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.next(k)
+	g.next(k, lv)
 }
 
 // next is handOn with g.mu held.
-func (g *gate) next(k *gateKey) {
-	if k.q != nil {
-		if e, ok := k.q.Pop(); ok {
-			k.queued[e.Level] -= e.Value.cost
-			close(e.Value.turn)
-			return
-		}
+func (g *gate) next(k *gateKey, lv int) {
+	k.leads[lv]--
+	if k.q == nil {
+		return
 	}
-	k.busy = false
+	if e := k.q.Peek(); e == nil || e.Level <= k.topLead() {
+		return
+	}
+	e, _ := k.q.Pop()
+	k.leads[e.Level]++
+	k.queued[e.Level] -= e.Value.cost
+	close(e.Value.turn)
 }
 
 // left returns how long a wait begun at since may last under b, and false
@@ -403,7 +433,7 @@ func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, 
 	if err != nil {
 		return passage{}, err
 	}
-	defer t.gate.handOn(k)
+	defer t.gate.handOn(k, tn.class.Priority.level())
 	return t.enter(ctx, tn.key, cost, g, queued)
 }
 

@@ -115,8 +115,9 @@ var (
 )
 
 // TestPrioritiesHighGoesFirst: requests queued behind a lead waiting for
-// its token go in priority order once it is granted, a high one ahead of
-// the low ones that came before it; each priority in arrival order.
+// its token go in priority order once it is granted, each priority in
+// arrival order; a high one does not queue behind the lead, it takes its
+// turn from the bucket beside it, ahead of everyone queued.
 func TestPrioritiesHighGoesFirst(t *testing.T) {
 	r := newPrioRig(t)
 	ctx := context.Background()
@@ -130,8 +131,9 @@ func TestPrioritiesHighGoesFirst(t *testing.T) {
 	r.waitQueued(2)
 	r.send(ctx, "N1", Class{})
 	r.waitQueued(3)
-	r.send(ctx, "H1", high)
-	r.waitQueued(4)
+	r.send(ctx, "H1", high) // goes to the bucket at once, beside L1
+	waitTimers(t, r.fc, 2)
+	require.Equal(t, 3, r.queued())
 	for _, name := range []string{"L1", "H1", "N1", "L2", "L3"} {
 		r.step(1, prioResult{name: name})
 	}
@@ -150,7 +152,7 @@ func TestPrioritiesCancelledWaiterLeavesNoTrace(t *testing.T) {
 	r.send(ctx, "L1", low)
 	waitTimers(t, r.fc, 1)
 	cctx, cancel := context.WithCancel(ctx)
-	r.send(cctx, "gone", high)
+	r.send(cctx, "gone", Class{})
 	r.waitQueued(1)
 	r.send(ctx, "L2", low)
 	r.waitQueued(2)
@@ -194,9 +196,9 @@ func TestPrioritiesRefuseWhatIsBoundToOutlast(t *testing.T) {
 	require.Equal(t, 3500*time.Millisecond, le.Wait) // 35 of 100 ms ahead of it
 	require.Contains(t, le.Error(), "priority low")
 
-	r.send(dctx, "H", high)
-	r.waitQueued(36)
-	r.step(2, prioResult{name: "L0"}) // the lead's timer, and H's deadline
+	r.send(dctx, "H", high) // to the bucket at once, beside L0
+	waitTimers(t, r.fc, 2)
+	r.step(2, prioResult{name: "L0"})
 	r.step(1, prioResult{name: "H"})
 	for range 35 {
 		r.step(1, prioResult{name: "L"})
@@ -218,11 +220,11 @@ func TestPrioritiesMaxWaitEndsInTheQueue(t *testing.T) {
 	r.waitQueued(1)
 	waitTimers(t, r.fc, 2)
 	r.fc.Advance(50 * time.Millisecond)
-	for i := range 2 {
-		r.send(ctx, "H", high) // at 50 ms: their maximum waits end at 300 ms
-		r.waitQueued(i + 2)
-	}
-	// The lead's timer and the three queued requests' maximum waits.
+	r.send(ctx, "H", high) // at 50 ms: to the bucket at once, its turn at 200 ms
+	waitTimers(t, r.fc, 3)
+	r.send(ctx, "H", high) // at 50 ms: queued, its maximum wait ends at 300 ms
+	r.waitQueued(2)
+	// The two leads' timers and the two queued requests' maximum waits.
 	waitTimers(t, r.fc, 4)
 	r.fc.Advance(50 * time.Millisecond) // t = 100 ms
 	require.Equal(t, prioResult{name: "L1"}, recvWithin(t, r.done))
@@ -292,7 +294,7 @@ func TestPrioritiesObserved(t *testing.T) {
 	waitTimers(t, r.fc, 1)
 	acme := Class{Priority: PriorityHigh, Tenant: "acme"}
 	r.send(ctx, "H1", acme)
-	r.waitQueued(1)
+	waitTimers(t, r.fc, 2)
 	r.step(1, prioResult{name: "L1"})
 	r.step(1, prioResult{name: "H1"})
 	mu.Lock()
@@ -303,7 +305,7 @@ func TestPrioritiesObserved(t *testing.T) {
 
 // TestPrioritiesKeepTheLeakyBucketsDepth: with a LeakyBucket, the key's
 // priority queue holds at most its depth: a low request finding it full
-// is refused (ErrQueueFull, Queued); a high one pushes out the last low
+// is refused (ErrQueueFull, Queued); a normal one pushes out the last low
 // one, which is refused so, and takes its place.
 func TestPrioritiesKeepTheLeakyBucketsDepth(t *testing.T) {
 	lb, err := NewLeakyBucket(PerSecond(10), 2)
@@ -328,15 +330,15 @@ func TestPrioritiesKeepTheLeakyBucketsDepth(t *testing.T) {
 	require.ErrorAs(t, got.err, &le)
 	require.True(t, le.Queued)
 
-	r.send(ctx, "H", high)
+	r.send(ctx, "N", Class{})
 	got = recvWithin(t, r.done)
 	require.Equal(t, "L2", got.name) // pushed out
 	require.ErrorIs(t, got.err, ErrQueueFull)
 	require.Equal(t, 2, r.queued())
 	r.step(1, prioResult{name: "L0"})
-	r.step(1, prioResult{name: "H"})
+	r.step(1, prioResult{name: "N"})
 	r.step(1, prioResult{name: "L1"})
-	require.Equal(t, "first L0 H L1", r.order())
+	require.Equal(t, "first L0 N L1", r.order())
 }
 
 // TestPrioritiesPropertyOnRandomSchedules: on a fake clock, random

@@ -212,17 +212,9 @@ func (l *level[T]) prune() {
 // Pop returns the waiter whose turn it is and takes it out of the queue,
 // accounting its grant; false when the queue is empty.
 func (q *Queue[T]) Pop() (*Entry[T], bool) {
-	top := q.top()
-	if top < 0 {
+	top, lv, byCredit := q.turn()
+	if lv < 0 {
 		return nil, false
-	}
-	lv, byCredit := top, false
-	for i := top - 1; i >= 0 && q.share > 0; i-- {
-		l := &q.levels[i]
-		if l.active > 0 && covers(l.credit, l.next().waiters[0].Work) {
-			lv, byCredit = i, true
-			break
-		}
 	}
 	l := &q.levels[lv]
 	t := l.next()
@@ -236,6 +228,52 @@ func (q *Queue[T]) Pop() (*Entry[T], bool) {
 	q.leave(l, t, e)
 	q.earn(top, e.Work) // to the levels still waiting
 	return e, true
+}
+
+// Peek returns the waiter Pop would return, leaving it queued; nil when
+// the queue is empty.
+func (q *Queue[T]) Peek() *Entry[T] {
+	_, lv, _ := q.turn()
+	if lv < 0 {
+		return nil
+	}
+	return q.levels[lv].next().waiters[0]
+}
+
+// turn returns the highest level with waiters (-1 for none), the level
+// whose turn it is, and whether that level goes on its credit.
+func (q *Queue[T]) turn() (top, lv int, byCredit bool) {
+	top = q.top()
+	for i := top - 1; i >= 0 && q.share > 0; i-- {
+		l := &q.levels[i]
+		if l.active > 0 && covers(l.credit, l.next().waiters[0].Work) {
+			return top, i, true
+		}
+	}
+	return top, top, false
+}
+
+// Waiting reports whether any level from lv up has waiters.
+func (q *Queue[T]) Waiting(lv int) bool {
+	return q.top() >= lv
+}
+
+// Charge accounts a grant of work at level lv to tenant that went without
+// queuing (nobody of its level or above was waiting): the tenant is
+// charged, and the levels below with waiters earn their share of it.
+func (q *Queue[T]) Charge(lv int, tenantName string, work float64) {
+	lv = min(max(lv, 0), len(q.levels)-1)
+	if !(work >= 0) || math.IsInf(work, 0) {
+		return
+	}
+	l := &q.levels[lv]
+	if t := l.tenants[tenantName]; t != nil {
+		t.served = max(t.served, l.vtime) + work/t.weight
+	} else if l.active > 0 {
+		t = &tenant[T]{name: tenantName, served: l.vtime + work/q.weightOf(tenantName), weight: q.weightOf(tenantName)}
+		l.tenants[tenantName] = t
+	}
+	q.earn(lv, work)
 }
 
 // covers reports whether credit covers work, but for the rounding of the

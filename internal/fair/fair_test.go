@@ -1461,3 +1461,50 @@ func BenchmarkPushPop(b *testing.B) {
 		q.Push(e.Level, e.Tenant, e.Work, e.Value) // same level: the levels stay backlogged
 	}
 }
+
+// TestPeekIsPop: on random schedules, Peek returns what the next Pop
+// returns, and leaves the queue as it was.
+func TestPeekIsPop(t *testing.T) {
+	for seed := range uint64(50) {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		q := New[int](3, 0.2, nil)
+		for i := range 300 {
+			if rng.IntN(3) > 0 {
+				q.Push(rng.IntN(3), fmt.Sprint("t", rng.IntN(4)), float64(1+rng.IntN(10)), i)
+				continue
+			}
+			n := q.Len()
+			peek := q.Peek()
+			require.Equal(t, n, q.Len())
+			e, ok := q.Pop()
+			require.Equal(t, ok, peek != nil)
+			require.Same(t, peek, e, "seed %d op %d", seed, i)
+		}
+	}
+}
+
+// TestChargeCountsAGrantThatDidNotQueue: a grant charged at a level
+// earns the levels below with waiters their share of it, and charges its
+// tenant, who then goes after a tenant not charged; Waiting tells the
+// levels with waiters.
+func TestChargeCountsAGrantThatDidNotQueue(t *testing.T) {
+	q := New[string](3, 0.5, nil)
+	q.Push(0, "L", 1, "l1")
+	q.Push(1, "A", 1, "a1")
+	require.True(t, q.Waiting(1))
+	require.False(t, q.Waiting(2))
+	q.Charge(2, "H", 2) // the low level earns 1: it goes before the normal one
+	e, _ := mustPop(t, q)
+	require.Equal(t, "l1", e.Value)
+
+	q.Push(1, "A", 1, "a2")
+	q.Charge(1, "B", 3) // B is charged beyond A's next grant
+	q.Push(1, "B", 1, "b1")
+	order := []string{}
+	for q.Len() > 0 {
+		e, _ := mustPop(t, q)
+		order = append(order, e.Value)
+	}
+	require.Equal(t, []string{"a1", "a2", "b1"}, order)
+	q.Charge(2, "H", -1) // a negative work is ignored
+}
