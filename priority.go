@@ -117,13 +117,14 @@ func (p *Priorities) classOf(req *http.Request) Class {
 
 // gate is the Transport's priority queues, one a key. A request with
 // the limiter is a lead of its key. A request goes to the limiter at once
-// when its key has no lead, or when it is a high one and no other high one
-// is with the limiter or waiting: the lower lead's turn, already given, is
-// not displaced, and the high request reserves its own turn beside it
-// rather than after it is granted (in a fleet, a turn may be a turn of
-// each instance away). Otherwise it waits in the key's fair.Queue; when a
-// lead is done, the next waiter goes when no lead is left, or when it is
-// of a higher priority than every lead left. (Requests side by side while the
+// when its key has no lead, or when it is a high one, no high one waits,
+// and fewer than highLeads are with the limiter: the lower lead's turn,
+// already given, is not displaced, and the high request reserves its own
+// turn beside it rather than after it is granted (in a fleet, a turn may
+// be a turn of each instance away). Otherwise it waits in the key's
+// fair.Queue; when a lead is done, the next waiter goes when no lead is
+// left, when it is of a higher priority than every lead left, or when it
+// is a high one with room beside the high leads. (Requests side by side while the
 // limit does not bind would be cheaper, but a lead does not tell whether
 // it waits until it is granted, and every request arriving meanwhile would
 // pass the queue.)
@@ -153,12 +154,29 @@ func (k *gateKey) topLead() int {
 	return -1
 }
 
+// highLeads is how many high requests of a key may be with the limiter
+// at once, while no other high one waits: high requests arriving close
+// together each take a turn at once, rather than one after the other's.
+// (Under a flood of them, they wait in the queue, and the levels below
+// keep their shares.)
+const highLeads = 4
+
 // straight reports whether a request of level lv goes to the limiter at
-// once: when the key has no lead; or, a high request, when no high one is
-// with the limiter or waiting.
+// once: when the key has no lead; or, a high request, when fewer than
+// highLeads high ones are with the limiter and none waits.
 func (k *gateKey) straight(lv int) bool {
-	top := k.topLead()
-	return top < 0 || lv == len(k.leads)-1 && lv > top && (k.q == nil || !k.q.Waiting(lv))
+	if k.topLead() < 0 {
+		return true
+	}
+	high := len(k.leads) - 1
+	return lv == high && k.leads[high] < highLeads && (k.q == nil || !k.q.Waiting(lv))
+}
+
+// goes reports whether the waiter e, next in the queue, goes now: above
+// every lead, or a high one with room beside the high leads.
+func (k *gateKey) goes(e *fair.Entry[*gateWait]) bool {
+	high := len(k.leads) - 1
+	return e.Level > k.topLead() || e.Level == high && k.leads[high] < highLeads
 }
 
 // sum returns the waiters' costs at the levels below lv (all: 3).
@@ -355,7 +373,7 @@ func (g *gate) next(k *gateKey, lv int) {
 	if k.q == nil {
 		return
 	}
-	if e := k.q.Peek(); e == nil || e.Level <= k.topLead() {
+	if e := k.q.Peek(); e == nil || !k.goes(e) {
 		return
 	}
 	e, _ := k.q.Pop()
