@@ -1,0 +1,5 @@
+//go:build !race
+
+package priority
+
+const raceEnabled = false
