@@ -231,10 +231,13 @@ func (s *limitState) AtRest(now time.Time) bool {
 // NewLimits returns the limits enforced together. It needs at least one; a
 // window needs n ≥ 1 and w > 0, a bucket a valid rate and a burst ≥ 1.
 //
-// A window keeps a transit margin of 5 ms: a unit comes back 5 ms after its
-// grant leaves the window, so that a request that travels faster than the
-// one a window before it does not reach the provider while that one is
-// still in the provider's window.
+// A limit keeps a transit margin of 5 ms. A window's unit comes back 5 ms
+// after its grant leaves the window, so that a request that travels faster
+// than the one a window before it does not reach the provider while that
+// one is still in the provider's window. A bucket keeps 5 ms of its refill
+// in reserve (as far as the burst left after a request's cost allows): a
+// provider's bucket of the same burst, which a request reaches a little
+// sooner or later than its turn, still holds its cost.
 func NewLimits(limits ...Limit) (*Limits, error) {
 	if err := validateLimits("NewLimits", limits); err != nil {
 		return nil, err
@@ -463,7 +466,7 @@ func (l *Limits) regrant(w *limitsWaiter, now time.Time) {
 	for i := range l.limits {
 		lim := &l.limits[i]
 		if c := w.cost.Of(lim.dim); c > 0 {
-			at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now))
+			at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now, l.margin))
 		}
 	}
 	// Never later than the turn it had, which still fits: the turns
@@ -534,7 +537,7 @@ func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Tim
 		}
 		st := l.state(i, key, now)
 		states = append(states, st)
-		if t := st.earliest(lim, c, now); t.After(at) {
+		if t := st.earliest(lim, c, now, l.margin); t.After(at) {
 			at, binding = t, i
 		}
 	}
@@ -579,12 +582,15 @@ func (l *Limits) state(i int, key string, now time.Time) *limitState {
 
 // earliest returns the first turn at or after now at which the limit can
 // grant c (≤ its burst or n).
-func (s *limitState) earliest(lim *Limit, c int, now time.Time) time.Time {
+func (s *limitState) earliest(lim *Limit, c int, now time.Time, margin time.Duration) time.Time {
 	if lim.window {
 		return s.log.Earliest(now, c, lim.n)
 	}
-	// GCRA: a request of c at t conforms when max(tat, t) + c·I − t ≤ burst·I.
-	return maxTime(now, s.tat.Add(-durationOf(lim.n-c, lim.rate)))
+	// GCRA: a request of c at t conforms when max(tat, t) + c·I − t ≤ burst·I,
+	// less the margin: the bucket keeps margin of its refill in reserve,
+	// as far as the burst left after c allows (a cost of the whole burst
+	// keeps none, and the rate is never lowered).
+	return maxTime(now, s.tat.Add(-max(durationOf(lim.n-c, lim.rate)-margin, 0)))
 }
 
 // take grants c at turn at, which earliest allowed.

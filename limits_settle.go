@@ -241,7 +241,7 @@ func (l *Limits) turnLocked(key string, cost Cost, now time.Time) (time.Time, in
 	for i := range l.limits {
 		lim := &l.limits[i]
 		if c := cost.Of(lim.dim); c > 0 && c <= lim.n {
-			if t := l.state(i, key, now).earliest(lim, c, now); t.After(at) {
+			if t := l.state(i, key, now).earliest(lim, c, now, l.margin); t.After(at) {
 				at, binding = t, i
 			}
 		}

@@ -456,3 +456,33 @@ func TestLimitsCancelledWaiterHoldsNoOneBack(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.Equal(t, 100*time.Millisecond, r.g.Waited, "B goes now, not after C's empty turn")
 }
+
+// TestLimitsBucketMargin: a bucket keeps its transit margin of refill in
+// reserve as far as the burst left after a request allows: of a burst of
+// 5 at 10/s, four go at once and the fifth 5 ms later, then one each
+// 100 ms (the rate is not lowered); a request of the whole burst keeps
+// none.
+func TestLimitsBucketMargin(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		costs []int
+		turns []time.Duration
+	}{
+		{"units", []int{1, 1, 1, 1, 1, 1, 1}, []time.Duration{0, 0, 0, 0, 5 * ms, 105 * ms, 205 * ms}},
+		{"the whole burst", []int{5, 5}, []time.Duration{0, 500 * ms}},
+		{"most of it, then the rest", []int{4, 1}, []time.Duration{0, 5 * ms}},
+		{"most of it, then most again", []int{4, 4}, []time.Duration{0, 305 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, fc := newLimitsOnFake(t, BucketOf(Requests, PerSecond(10), 5))
+			l.margin = 5 * ms
+			start := fc.Now()
+			for i, c := range tc.costs {
+				g, _, err := l.reserve("k", Cost{Requests: c}, budget{})
+				require.NoError(t, err)
+				require.Equal(t, tc.turns[i], g.At.Sub(start), "request %d", i)
+			}
+		})
+	}
+}

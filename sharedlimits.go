@@ -145,9 +145,9 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 	l.args = append(l.args, len(l.limits))
 	for _, lim := range l.limits {
 		if lim.window {
-			l.args = append(l.args, 1, lim.n, micros(lim.w+l.margin))
+			l.args = append(l.args, 1, lim.n, micros(lim.w+l.margin), 0)
 		} else {
-			l.args = append(l.args, 0, lim.n, 1e6*lim.rate.per.Seconds()/lim.rate.n)
+			l.args = append(l.args, 0, lim.n, 1e6*lim.rate.per.Seconds()/lim.rate.n, micros(l.margin))
 		}
 	}
 	s.shape = "lm"

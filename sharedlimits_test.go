@@ -88,7 +88,14 @@ func TestSharedLimitsAgreesWithLimits(t *testing.T) {
 			limits = append(limits, lim)
 		}
 		local, fc := newLimitsOnFake(t, limits...)
-		shared, err := NewSharedLimits(rdb, fmt.Sprintf("agree%d", sch), limits, WithCommandTimeout(roomyTimeout), WithTransitMargin(0),
+		// A quarter of the schedules with the transit margin: the buckets'
+		// reserve and the windows' longer span, alike.
+		margin := time.Duration(0)
+		if sch%4 == 1 {
+			margin = 5 * time.Millisecond
+		}
+		local.margin = margin // before any key's state is made
+		shared, err := NewSharedLimits(rdb, fmt.Sprintf("agree%d", sch), limits, WithCommandTimeout(roomyTimeout), WithTransitMargin(margin),
 			onClock(fc)) // its process and its script (caller.Now) on the same instants as local's
 		require.NoError(t, err)
 		// A grant whose turn is to come has a waiter, as WaitCost registers

@@ -21,7 +21,7 @@ const (
 	providerBurst = 5                      // the provider's bucket, and the clients' bursts
 	tokenRate     = 10_000.0               // T: tokens per second, in the token scenario
 	tokenBurst    = int(tokenRate / 5)     // T/5
-	tokenSlack    = 1000                   // the provider's token bucket holds T/5 + one 1,000-token call: see TestPriorityScenarios
+	tokenSlack    = 0                      // tokens the provider's bucket holds beyond the clients' T/5: see TestPriorityScenarios
 	latency       = 2 * time.Millisecond   // of every answer
 	runFor        = 10 * time.Second       // each row: calls start for this long
 	fleetSize     = 4                      // instances of the fleet row
@@ -128,16 +128,12 @@ func (o outcome) use(sc scenario) float64 {
 //     then tokens: a limit of T = 10,000 tokens per second (burst T/5),
 //     tenant A's calls costing 1,000 tokens, B's 100, both offered at T
 //     (A on 2 workers, B on 8; the fleet: A on the first instance only).
-//     The provider's token bucket holds T/5 + 1,000 (tokenSlack). With the
-//     same burst on both sides, the two buckets drain in step and a grant
-//     lands on the provider's exact edge: the clients have no room for
-//     transit jitter but what they keep in reserve, and egress's Limits
-//     keeps none in a token bucket (TokenBucket and SharedTokenBucket keep
-//     r·5 ms). Its first 429 holds the key for the Retry-After (1 s); the
-//     hold ends with both buckets full, they drain in step again, and the
-//     next 429 comes within about 100 ms: one a second, and 23% to 39% of
-//     T used by the egress rows (x/time/rate and failsafe-go do not hold).
-//     The slack keeps the table about the order of the grants.
+//     The provider's token bucket holds T/5, as the clients' do (tokenSlack
+//     adds to it): the two drain in step and a grant lands on the
+//     provider's edge, where what a client keeps in reserve for transit
+//     jitter is all its room (egress's Limits buckets keep 5 ms of refill;
+//     before they did, each egress row drew a 429 a second and used 23% to
+//     39% of T, as the Retry-After held the key).
 //
 // Under -race the failsafe-go rows with tenants skip: its UsageTracker
 // races with itself (see raceEnabled).

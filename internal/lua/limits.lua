@@ -14,10 +14,11 @@
 -- KEYS[2L+2]     the grant ids' counter of the key's hash tag
 -- ARGV[1]  the operation: reserve, settle, learn or window
 -- ARGV[2]  L, the number of limits
--- ARGV[3], ... three values a limit: its kind (0 a bucket, 1 a window), n
---          (a bucket's burst, a window's quota), and a bucket's interval
---          per unit or a window's length with its margin (us)
--- then, for the operation (from ARGV[3+3L]):
+-- ARGV[3], ... four values a limit: its kind (0 a bucket, 1 a window), n
+--          (a bucket's burst, a window's quota), a bucket's interval per
+--          unit or a window's length with its margin (us), and a bucket's
+--          margin (us: the refill it keeps in reserve; 0 for a window)
+-- then, for the operation (from ARGV[3+4L]):
 --   reserve: a request after another: its L costs and its max wait (us;
 --            -1 for none), served in order. Returns now (us), then four
 --            values a request: code (0 = admitted after wait, 1 = refused:
@@ -43,13 +44,14 @@
 --            (turn, cost) pairs in the order of their turns (none when
 --            there are more than the most). Changes nothing.
 local L = tonumber(ARGV[2])
-local kind, n, span = {}, {}, {}
+local kind, n, span, margin = {}, {}, {}, {}
 for i = 1, L do
-  kind[i] = tonumber(ARGV[3 * i])
-  n[i] = tonumber(ARGV[3 * i + 1])
-  span[i] = tonumber(ARGV[3 * i + 2])
+  kind[i] = tonumber(ARGV[4 * i - 1])
+  n[i] = tonumber(ARGV[4 * i])
+  span[i] = tonumber(ARGV[4 * i + 1])
+  margin[i] = tonumber(ARGV[4 * i + 2])
 end
-local at0 = 3 + 3 * L -- the first argument of the operation
+local at0 = 3 + 4 * L -- the first argument of the operation
 
 -- The state of each limit, loaded on first use and written back at the end.
 local st = {}
@@ -77,13 +79,14 @@ end
 local function costOf(m) return tonumber(string.match(m, ':(%d+)$')) or 0 end
 
 -- earliest returns the first turn at or after from at which limit i can
--- grant c (≤ n): a bucket when max(tat, t) + c·I − t ≤ n·I; a window at or
--- after every turn given before, when the grants in (t − w, t] and c are
--- at most n.
+-- grant c (≤ n): a bucket when max(tat, t) + c·I − t ≤ n·I less its margin
+-- (as far as n − c allows: limitState.earliest); a window at or after
+-- every turn given before, when the grants in (t − w, t] and c are at
+-- most n.
 local function earliest(i, c, from)
   local s = state(i)
   if kind[i] == 0 then
-    return math.max(from, s.a - (n[i] - c) * span[i])
+    return math.max(from, s.a - math.max((n[i] - c) * span[i] - margin[i], 0))
   end
   local z, w = KEYS[2 * i + 1], span[i]
   local at = from
