@@ -55,6 +55,16 @@ func TestSlogObserverLevels(t *testing.T) {
 			slog.LevelDebug, "egress: waited for capacity", map[string]string{"key": "api", "waited": "250ms"}},
 		{"refusal", func(o Observer) { o.OnReject("api", limitErr) },
 			slog.LevelInfo, "egress: request refused", map[string]string{"key": "api", "reason": "max wait", "wait": "2s", "cost": "1"}},
+		{"refusal in the priority queue", func(o Observer) {
+			o.OnReject("api", &LimitError{Key: "api", Cost: 1, Reason: ReasonDeadline, Wait: time.Second,
+				Class: Class{Priority: PriorityLow, Tenant: "acme"}, Queued: true})
+		},
+			slog.LevelInfo, "egress: request refused", map[string]string{"key": "api", "reason": "deadline", "wait": "1s", "cost": "1",
+				"priority": "low", "tenant": "acme", "queued": "true"}},
+		{"queued", func(o Observer) {
+			o.OnQueued("api", Class{Priority: PriorityHigh, Tenant: "acme"}, 30*time.Millisecond)
+		},
+			slog.LevelDebug, "egress: waited for its turn", map[string]string{"key": "api", "priority": "high", "tenant": "acme", "waited": "30ms"}},
 		{"refusal by the context", func(o Observer) { o.OnReject("api", context.Canceled) },
 			slog.LevelInfo, "egress: request refused", map[string]string{"key": "api", "error": "context canceled"}},
 		{"retry", func(o Observer) { o.OnRetry("api", 2, time.Second, 429, nil) },
