@@ -58,9 +58,9 @@ type level[T any] struct {
 	waiting []*tenant[T] // the tenants with waiters, in no order
 	active  int          // len(waiting)
 	pruned  int          // len(tenants) after the last prune
-	queued  float64 // the work of its waiters
-	credit  float64 // earned by grants while the level waited below the top
-	vtime   float64 // the served work of the tenant served last, before that grant
+	queued  float64      // the work of its waiters
+	credit  float64      // earned by grants while the level waited below the top
+	vtime   float64      // the served work of the tenant served last, before that grant
 }
 
 // tenant is one tenant's state in a level: its waiters in arrival order
