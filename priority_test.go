@@ -541,3 +541,37 @@ func TestPrioritiesTenantsShareTokens(t *testing.T) {
 	cancel() // what is left returns its context's error
 	spinUntil(t, "every request returned", func() bool { settled(); return done == n })
 }
+
+// TestPrioritiesInTheSharedFallback: a shared limiter whose Redis is down
+// grants from its local fallback, and the order holds there too: a normal
+// request arriving behind queued low ones goes before them (real time, at
+// the fallback's 2/s: the requests queue well within the lead's 500 ms).
+func TestPrioritiesInTheSharedFallback(t *testing.T) {
+	l, err := NewSharedTokenBucket(deadRedis(t), "prio", PerSecond(2), 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	r := newPrioRigWith(t, l, nil)
+	r.tr.clock = clock.Real{}
+	ctx := context.Background()
+	r.send(ctx, "first", low)
+	require.NoError(t, recvWithin(t, r.done).err)
+	require.True(t, l.Stats().Fallback, "Redis is down: the fallback grants")
+	r.send(ctx, "L1", low) // the lead: its turn 500 ms away
+	spinUntil(t, "L1 with the limiter", func() bool {
+		g := r.tr.gate
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		k := g.keys["api.test"]
+		return k != nil && k.topLead() >= 0
+	})
+	r.send(ctx, "L2", low)
+	r.waitQueued(1)
+	r.send(ctx, "L3", low)
+	r.waitQueued(2)
+	r.send(ctx, "N", Class{})
+	r.waitQueued(3)
+	for range 4 {
+		require.NoError(t, recvWithin(t, r.done).err)
+	}
+	require.Equal(t, "first L1 N L2 L3", r.order())
+}
