@@ -24,7 +24,10 @@
 // that is not about the quota delays only its request, an advertised limit
 // lowers the key's rate, and throttling at the configured rate discovers the
 // real one (see Learner and WithAdaptive). WithRetry adds polite retries
-// (full-jitter backoff, safe methods only, a retry budget).
+// (full-jitter backoff, safe methods only, a retry budget). WithPriorities
+// orders the requests that wait for a key by their Class: a higher
+// priority first, with a minimum share for each lower one, and tenants
+// sharing fairly (see WithClass).
 // NewSharedTokenBucket and NewSharedLeakyBucket hold one limit, and its
 // controller, for a whole fleet through Redis.
 //
