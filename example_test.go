@@ -239,3 +239,42 @@ func ExampleNewLimits() {
 	// 1 200 OK
 	// 2 200 OK
 }
+
+// Order the requests that wait for a key: a user's call goes before a
+// backfill's, and each account gets its fair share. The class comes from
+// the request's context, or from Classify for calls made through an SDK.
+func ExampleWithPriorities() {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer api.Close()
+
+	limiter, err := egress.NewTokenBucket(egress.PerSecond(50), 5)
+	if err != nil {
+		panic(err)
+	}
+	tr, err := egress.New(api.Client().Transport,
+		egress.WithLimiter(limiter),
+		egress.WithPriorities(egress.Priorities{
+			// Calls whose context says nothing: a backfill, by account.
+			Classify: func(req *http.Request) egress.Class {
+				return egress.Class{Priority: egress.PriorityLow, Tenant: req.Header.Get("X-Account")}
+			},
+		}),
+	)
+	if err != nil {
+		panic(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	ctx := egress.WithClass(context.Background(), egress.Class{Priority: egress.PriorityHigh, Tenant: "acme"})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+"/v1/orders", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	resp.Body.Close()
+	c, _ := egress.ClassOf(ctx)
+	fmt.Println(resp.StatusCode, c)
+	// Output: 200 priority high, tenant "acme"
+}
