@@ -312,9 +312,8 @@ func WithResetUnit(host, header string, unit ResetUnit) Option {
 // would have waited. A request whose context ends leaves the queue at
 // once and takes nothing from anyone.
 //
-// A request granted at once passes the queue's lock and takes the
-// general path through the limiter, and allocates nothing (see
-// BENCHMARKS.md). Without WithPriorities, requests wait in arrival order
+// A request granted at once passes the queue's lock, about 70 ns, and
+// allocates nothing (see BENCHMARKS.md §1). Without WithPriorities, requests wait in arrival order
 // and pay nothing for it. In shadow mode (WithShadow) it has no effect.
 func WithPriorities(p Priorities) Option {
 	return optionFunc(func(c *config) {

@@ -209,6 +209,19 @@ type queueTicket struct {
 	perSec  bool    // work is in seconds: the queue's wait can be told
 	maxWait time.Duration
 	depth   int // the most the key's queue may hold, in requests; 0: no bound
+
+	lim      Limiter // what work is measured against (see measure)
+	costs    Cost    // a copy: a pointer to the caller's would move it to the heap
+	measured bool
+}
+
+// measure sets t's work, once: only a request that queues, or goes past a
+// queue, needs it (a key that never binds pays nothing for it).
+func (t *queueTicket) measure() {
+	if !t.measured {
+		t.work, t.perSec = workOf(t.lim, t.key, &t.costs)
+		t.measured = true
+	}
 }
 
 // take waits for t's turn at its key and returns the key's place, which
@@ -220,6 +233,7 @@ func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duratio
 	if lv := t.class.Priority.level(); k.straight(lv) {
 		k.leads[lv]++
 		if k.q != nil {
+			t.measure()
 			k.q.Charge(lv, t.class.Tenant, t.work)
 		}
 		g.mu.Unlock()
@@ -250,6 +264,7 @@ func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duratio
 
 // push queues t at k. g.mu is held.
 func (g *gate) push(k *gateKey, t *queueTicket) *fair.Entry[*gateWait] {
+	t.measure()
 	lv := t.class.Priority.level()
 	k.queued[lv] += t.cost
 	w := &gateWait{turn: make(chan struct{}), cost: t.cost}
@@ -418,18 +433,24 @@ func (c Class) String() string {
 
 // enterGate is enter through the key's priority queue (WithPriorities): an
 // attempt that costs something waits for its turn in the queue, then
-// enters as it would without priorities, with the time it queued counted
-// against the maximum wait. OnQueued is told of a wait.
-func (t *Transport) enterGate(req *http.Request, key string, cost *Cost, g *Grant) (passage, error) {
+// enters as it would without priorities (the quick way through quick, the
+// Transport's own TokenBucket, when it is not nil; now is the clock's
+// reading for it), with the time it queued counted against the maximum
+// wait. OnQueued is told of a wait.
+func (t *Transport) enterGate(req *http.Request, key string, cost *Cost, g *Grant, quick *TokenBucket, now time.Time) (passage, error) {
 	ctx := req.Context()
 	if t.limiter == nil || *cost == (Cost{}) {
 		return t.enter(ctx, key, cost, g, 0)
 	}
-	tn := queueTicket{key: key, class: t.gate.p.classOf(req), cost: cost.Requests, maxWait: t.maxWait}
-	tn.work, tn.perSec = workOf(t.limiter, key, cost)
-	tn.depth = depthOf(t.limiter)
-	start := t.clock.Now()
-	a, err := t.enterTurn(ctx, &tn, cost, g)
+	tn := queueTicket{key: key, class: t.gate.p.classOf(req), cost: cost.Requests, maxWait: t.maxWait,
+		depth: depthOf(t.limiter), lim: t.limiter, costs: *cost}
+	var start time.Time
+	if t.obs.OnQueued != nil {
+		if start = now; start.IsZero() {
+			start = t.clock.Now()
+		}
+	}
+	a, err := t.enterTurn(ctx, &tn, cost, g, quick, now)
 	if err != nil {
 		if le := (*LimitError)(nil); errors.As(err, &le) && !le.Queued {
 			le.Class = tn.class // refused by the limiter, after its turn
@@ -446,13 +467,19 @@ func (t *Transport) enterGate(req *http.Request, key string, cost *Cost, g *Gran
 
 // enterTurn waits for tn's turn in its key's queue, then enters; the turn
 // passes on to the next waiter once the attempt is granted or refused.
-func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, g *Grant) (passage, error) {
+func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, g *Grant, quick *TokenBucket, now time.Time) (passage, error) {
 	k, queued, err := t.gate.take(ctx, tn)
 	if err != nil {
 		return passage{}, err
 	}
 	defer t.gate.handOn(k, tn.class.Priority.level())
-	return t.enter(ctx, tn.key, cost, g, queued)
+	if quick == nil {
+		return t.enter(ctx, tn.key, cost, g, queued)
+	}
+	if queued > 0 {
+		now = time.Time{} // read afresh after the queue
+	}
+	return t.enterQuick(ctx, quick, tn.key, cost.Requests, now, queued)
 }
 
 // workOf returns what cost takes of key's limit, in seconds of it (true),

@@ -116,7 +116,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	if c.priorities != nil && !t.shadow {
 		t.gate = newGate(*c.priorities, &t.clock)
 	}
-	if tb, ok := c.limiter.(*TokenBucket); ok && t.inFlight == nil && t.costs == nil && !t.shadow && t.gate == nil {
+	if tb, ok := c.limiter.(*TokenBucket); ok && t.inFlight == nil && t.costs == nil && !t.shadow {
 		t.quick = tb
 	}
 	return t, nil
@@ -176,10 +176,10 @@ func (t *Transport) roundTrip(req *http.Request, key string) (*http.Response, er
 	for attempt := 1; ; attempt++ {
 		var a passage
 		switch {
-		case quick != nil:
-			a, err = t.enterQuick(r.Context(), quick, key, cost.Requests, now)
 		case t.gate != nil:
-			a, err = t.enterGate(r, key, &cost, &grant)
+			a, err = t.enterGate(r, key, &cost, &grant, quick, now)
+		case quick != nil:
+			a, err = t.enterQuick(r.Context(), quick, key, cost.Requests, now, 0)
 		default:
 			a, err = t.enter(r.Context(), key, &cost, &grant, 0)
 		}
@@ -280,13 +280,14 @@ func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant,
 // (or reads it, when now is zero), as its own. Tokens there at once are
 // taken at now, and the attempt is sent at now; after a wait the clock is
 // read again. The attempt's response is learnt in the bucket that granted
-// it (see TokenBucket.learnAt).
-func (t *Transport) enterQuick(ctx context.Context, tb *TokenBucket, key string, cost int, now time.Time) (passage, error) {
-	waited, g, err := tb.waitFrom(ctx, key, cost, remaining(t.maxWait, 0), now)
+// it (see TokenBucket.learnAt). queued is how long the attempt waited in
+// the key's priority queue before (see enterGate).
+func (t *Transport) enterQuick(ctx context.Context, tb *TokenBucket, key string, cost int, now time.Time, queued time.Duration) (passage, error) {
+	waited, g, err := tb.waitFrom(ctx, key, cost, remaining(t.maxWait, queued), now)
 	if err != nil {
 		return passage{}, err
 	}
-	if waited > 0 && t.obs.OnWait != nil {
+	if waited += queued; waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
 	}
 	a := passage{sentAt: g.at, bk: g.bk}
