@@ -155,11 +155,10 @@ func (k *gateKey) topLead() int {
 }
 
 // highLeads is how many high requests of a key may be with the limiter
-// at once, while no other high one waits: high requests arriving close
-// together each take a turn at once, rather than one after the other's.
-// (Under a flood of them, they wait in the queue, and the levels below
-// keep their shares.)
-const highLeads = 4
+// at once, beside a lower lead, while no other high one waits. One: with
+// more, two high callers in a loop keep a high lead there at every hand-on,
+// and a waiter below, which goes only above every lead, never would.
+const highLeads = 1
 
 // straight reports whether a request of level lv goes to the limiter at
 // once: when the key has no lead; or, a high request, when fewer than

@@ -222,10 +222,9 @@ func TestPrioritiesMaxWaitEndsInTheQueue(t *testing.T) {
 	r.fc.Advance(50 * time.Millisecond)
 	r.send(ctx, "H", high) // at 50 ms: to the bucket at once, its turn at 200 ms
 	waitTimers(t, r.fc, 3)
-	r.send(ctx, "H", high) // at 50 ms: to the bucket too, beside it, its turn at 300 ms
-	waitTimers(t, r.fc, 4)
-	require.Equal(t, 1, r.queued())
-	// The three leads' timers and L2's maximum wait.
+	r.send(ctx, "H", high) // at 50 ms: queued behind the other, its maximum wait ends at 300 ms
+	r.waitQueued(2)
+	// The two leads' timers and the two queued requests' maximum waits.
 	waitTimers(t, r.fc, 4)
 	r.fc.Advance(50 * time.Millisecond) // t = 100 ms
 	require.Equal(t, prioResult{name: "L1"}, recvWithin(t, r.done))
@@ -574,4 +573,40 @@ func TestPrioritiesInTheSharedFallback(t *testing.T) {
 		require.NoError(t, recvWithin(t, r.done).err)
 	}
 	require.Equal(t, "first L1 N L2 L3", r.order())
+}
+
+// TestPrioritiesNoStarvationBesideHighLoops: two callers sending high
+// requests in a loop do not keep a normal request from its turn (real
+// time, 20/s: it is sent within its 2 s deadline).
+func TestPrioritiesNoStarvationBesideHighLoops(t *testing.T) {
+	tb, err := NewTokenBucket(PerSecond(20), 1)
+	require.NoError(t, err)
+	tr := mustNewTransport(t, roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	}), WithLimiter(tb), WithPriorities(Priorities{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	send := func(ctx context.Context, c Class) error {
+		req, _ := http.NewRequestWithContext(WithClass(ctx, c), http.MethodGet, "http://api.test/", nil)
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for send(ctx, high) == nil {
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer dcancel()
+	require.NoError(t, send(dctx, Class{}), "the normal request got its turn")
+	cancel()
+	wg.Wait()
 }

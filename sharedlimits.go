@@ -101,7 +101,7 @@ type movedTurn struct {
 // NewSharedLimits returns limits enforced together for the whole fleet,
 // named name in rdb (a plain, failover or cluster client). See NewLimits
 // for the limits and NewSharedTokenBucket for the name, the options and
-// the errors; WithTransitMargin sets the windows' margin (default 5 ms),
+// the errors; WithTransitMargin sets the limits' margin (default 5 ms),
 // and WithFallbackRate and WithAdaptive do not apply (each limit falls
 // back to its own share; Limits discovers nothing). It does not contact
 // Redis.
