@@ -201,8 +201,9 @@ type LimitError struct {
 	// Class is the request's, with WithPriorities (else the zero Class).
 	Class Class
 	// Queued says the request was refused in its key's priority queue
-	// (WithPriorities): Wait is then the least it would have waited, as
-	// requests of a higher priority arriving later would go before it.
+	// (WithPriorities), its deadline or maximum wait ended there: Wait is
+	// then what it waited, the least it would have (requests of a higher
+	// priority arriving later would have gone before it).
 	Queued bool
 }
 

@@ -304,13 +304,14 @@ func WithResetUnit(host, header string, unit ResetUnit) Option {
 // fleet, behind at most one of each instance). With a shared limiter, each
 // instance orders its own requests.
 //
-// A request that waits in the queue keeps its deadline and maximum wait:
-// it is refused at once (a *LimitError with Queued set) when the work
-// that surely goes before it would outlast them, and when they end while
-// it waits. Its wait is not known in advance, as a higher priority
-// arriving later goes before it: the LimitError's Wait is the least it
-// would have waited. A request whose context ends leaves the queue at
-// once and takes nothing from anyone.
+// A request that waits in the queue keeps its deadline and maximum wait.
+// Its wait there is not known in advance (a higher priority arriving later
+// goes before it, and a limit that does not bind grants the queue at
+// once), so it is refused when they end while it waits (a *LimitError
+// with Queued set, whose Wait is what it waited: the least it would have),
+// and, once its turn comes, by the limiter as without priorities (at once
+// when the limiter's own wait would outlast them). A request whose context
+// ends leaves the queue at once and takes nothing from anyone.
 //
 // A request granted at once passes the queue's lock, about 70 ns, and
 // allocates nothing (see BENCHMARKS.md §1). Without WithPriorities, requests wait in arrival order

@@ -244,14 +244,10 @@ func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duratio
 	now := (*g.clock).Now()
 	e := g.push(k, t)
 	b := waitBudget(ctx, t.maxWait)
-	le := g.refuse(k, e, t, b, now)
-	if le == nil && t.depth > 0 && k.sum(3) > t.depth && !g.pushOut(k, t) {
-		le = &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
-	}
-	if le != nil {
+	if t.depth > 0 && k.sum(3) > t.depth && !g.pushOut(k, t) {
 		g.remove(k, e)
 		g.mu.Unlock()
-		return nil, 0, le
+		return nil, 0, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
 	}
 	g.mu.Unlock()
 	queued, err := g.queue(ctx, k, e, t, b, now)
@@ -319,20 +315,6 @@ func (g *gate) key(key string) *gateKey {
 	return k
 }
 
-// refuse returns the LimitError of e, queued at now, when the work that
-// surely goes before it outlasts its budget b; nil when it does not, or
-// when the work is not in seconds. g.mu is held.
-func (g *gate) refuse(k *gateKey, e *fair.Entry[*gateWait], t *queueTicket, b budget, now time.Time) *LimitError {
-	if !t.perSec {
-		return nil
-	}
-	le := b.refuse(now, t.key, t.cost, seconds(k.q.Ahead(e)))
-	if le != nil {
-		le.Class, le.Queued = t.class, true
-	}
-	return le
-}
-
 // queue waits for e's turn, until ctx ends or its budget b (from since)
 // runs out, and returns how long it waited. A waiter that gives up leaves
 // the queue; one whose turn came as it gave up hands the turn on.
@@ -355,10 +337,6 @@ func (g *gate) queue(ctx context.Context, k *gateKey, e *fair.Entry[*gateWait], 
 	now := (*g.clock).Now()
 	waited := now.Sub(since)
 	g.mu.Lock()
-	least := waited // the least it would have waited
-	if t.perSec {
-		least += seconds(k.q.Ahead(e))
-	}
 	if !g.remove(k, e) && !e.Value.out {
 		g.next(k, e.Level) // its turn came meanwhile: pass it on
 	}
@@ -366,7 +344,8 @@ func (g *gate) queue(ctx context.Context, k *gateKey, e *fair.Entry[*gateWait], 
 	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return waited, ctx.Err()
 	}
-	le := &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonMaxWait, Wait: least, Class: t.class, Queued: true}
+	// Wait: what it waited, the least it would have (see LimitError.Queued).
+	le := &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonMaxWait, Wait: waited, Class: t.class, Queued: true}
 	if dl := b.deadline; !dl.IsZero() && (b.maxWait <= 0 || !dl.After(since.Add(b.maxWait))) {
 		le.Reason = ReasonDeadline
 	}
@@ -407,18 +386,6 @@ func (b budget) left(since time.Time) (time.Duration, bool) {
 		d, ok = min(d, max(b.deadline.Sub(since), 0)), true
 	}
 	return d, ok
-}
-
-// seconds converts a work in seconds to a Duration, rounded to the
-// nanosecond and clamped.
-func seconds(s float64) time.Duration {
-	if !(s > 0) {
-		return 0
-	}
-	if s >= math.MaxInt64/float64(time.Second) {
-		return math.MaxInt64
-	}
-	return time.Duration(math.Round(s * float64(time.Second)))
 }
 
 // String describes c for an error: "priority high, tenant "acme"".

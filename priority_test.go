@@ -166,25 +166,37 @@ func TestPrioritiesCancelledWaiterLeavesNoTrace(t *testing.T) {
 	require.Equal(t, "first L1 L2", r.order())
 }
 
-// TestPrioritiesRefuseWhatIsBoundToOutlast: a request whose own tenant's
-// queued work alone outlasts its deadline is refused at once, in the
-// queue, with its class and the least it would have waited; a high one
-// with the same deadline is not, and is sent.
-func TestPrioritiesRefuseWhatIsBoundToOutlast(t *testing.T) {
+// TestPrioritiesDeadlineEndsInTheQueue: a request queued behind others
+// is not refused for what it might wait (a limit that does not bind would
+// let them all through at once); it is refused when its deadline ends
+// while it waits, as ReasonDeadline with Queued, its Wait what it waited,
+// and leaves the queue; a high one with the same deadline goes.
+func TestPrioritiesDeadlineEndsInTheQueue(t *testing.T) {
 	r := newPrioRig(t)
 	ctx := context.Background()
 	r.send(ctx, "first", low)
 	recvWithin(t, r.done)
 	r.send(ctx, "L0", low)
 	waitTimers(t, r.fc, 1)
-	for i := range 35 {
+	const ahead = 35 // 3.5 s of the bucket's turns
+	for i := range ahead {
 		r.send(ctx, "L", low)
 		r.waitQueued(i + 1)
 	}
 	// A deadline in real time too: long enough for the test's own steps.
-	dctx, cancel := context.WithDeadline(ctx, r.fc.Now().Add(3*time.Second))
+	dctx, cancel := context.WithDeadline(ctx, r.fc.Now().Add(3*time.Second+50*time.Millisecond))
 	defer cancel()
 	r.send(dctx, "late", low)
+	r.waitQueued(ahead + 1)
+	r.send(dctx, "H", high) // to the bucket at once, beside L0
+	waitTimers(t, r.fc, 3)  // L0's and H's turns, late's deadline
+	r.step(3, prioResult{name: "L0"})
+	r.step(2, prioResult{name: "H"})
+	for range 28 { // to 3 s
+		r.step(2, prioResult{name: "L"})
+	}
+	waitTimers(t, r.fc, 2)
+	r.fc.Advance(50 * time.Millisecond) // late's deadline
 	got := recvWithin(t, r.done)
 	require.Equal(t, "late", got.name)
 	var le *LimitError
@@ -193,14 +205,11 @@ func TestPrioritiesRefuseWhatIsBoundToOutlast(t *testing.T) {
 	require.Equal(t, ReasonDeadline, le.Reason)
 	require.True(t, le.Queued)
 	require.Equal(t, low, le.Class)
-	require.Equal(t, 3500*time.Millisecond, le.Wait) // 35 of 100 ms ahead of it
+	require.GreaterOrEqual(t, le.Wait, 3*time.Second)
 	require.Contains(t, le.Error(), "priority low")
-
-	r.send(dctx, "H", high) // to the bucket at once, beside L0
-	waitTimers(t, r.fc, 2)
-	r.step(2, prioResult{name: "L0"})
-	r.step(1, prioResult{name: "H"})
-	for range 35 {
+	r.fc.Advance(50 * time.Millisecond)
+	require.Equal(t, prioResult{name: "L"}, recvWithin(t, r.done))
+	for range ahead - 29 {
 		r.step(1, prioResult{name: "L"})
 	}
 }
@@ -609,4 +618,35 @@ func TestPrioritiesNoStarvationBesideHighLoops(t *testing.T) {
 	require.NoError(t, send(dctx, Class{}), "the normal request got its turn")
 	cancel()
 	wg.Wait()
+}
+
+// TestPrioritiesQueueIsNoRefusal: a hundred requests at once on a window
+// with room for them all, with a maximum wait shorter than their work in
+// seconds of the window (0.72 s each), are all sent: waiting behind one
+// another in the queue is no reason to refuse one.
+func TestPrioritiesQueueIsNoRefusal(t *testing.T) {
+	lims, err := NewLimits(WindowOf(Requests, 5000, time.Hour))
+	require.NoError(t, err)
+	tr := mustNewTransport(t, roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	}), WithLimiter(lims), WithPriorities(Priorities{}), WithMaxWait(2*time.Second))
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodGet, "http://api.test/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 }
