@@ -204,8 +204,7 @@ type queueTicket struct {
 	key     string
 	class   Class
 	cost    int     // in requests, for a refusal
-	work    float64 // in seconds of the limit, or units when perSec is false
-	perSec  bool    // work is in seconds: the queue's wait can be told
+	work    float64 // in seconds of the limit (see workOf)
 	maxWait time.Duration
 	depth   int // the most the key's queue may hold, in requests; 0: no bound
 
@@ -218,7 +217,7 @@ type queueTicket struct {
 // queue, needs it (a key that never binds pays nothing for it).
 func (t *queueTicket) measure() {
 	if !t.measured {
-		t.work, t.perSec = workOf(t.lim, t.key, &t.costs)
+		t.work = workOf(t.lim, t.key, &t.costs)
 		t.measured = true
 	}
 }
@@ -448,21 +447,21 @@ func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, 
 	return t.enterQuick(ctx, quick, tn.key, cost.Requests, now, queued)
 }
 
-// workOf returns what cost takes of key's limit, in seconds of it (true),
-// or in requests when l does not tell its rate (false). With several
-// limits it is the largest share (tokens, when they bind before requests).
-func workOf(l Limiter, key string, cost *Cost) (float64, bool) {
+// workOf returns what cost takes of key's limit, in seconds of it, or in
+// requests when l does not tell its rate. With several limits it is the
+// largest share (tokens, when they bind before requests).
+func workOf(l Limiter, key string, cost *Cost) float64 {
 	switch l := l.(type) {
 	case *Limits:
-		return limitsWork(l.limits, cost), true
+		return limitsWork(l.limits, cost)
 	case *SharedLimits:
-		return limitsWork(l.limits, cost), true
+		return limitsWork(l.limits, cost)
 	case interface{ EffectiveRate(string) Rate }:
 		if r := l.EffectiveRate(key).PerSecond(); r > 0 {
-			return float64(cost.Requests) / r, true
+			return float64(cost.Requests) / r
 		}
 	}
-	return float64(cost.Requests), false
+	return float64(cost.Requests)
 }
 
 // depthOf returns the queue depth of a leaky bucket, which bounds the
