@@ -131,6 +131,7 @@ func (p *Priorities) classOf(req *http.Request) Class {
 type gate struct {
 	p     Priorities
 	clock *clock.Clock
+	fleet bool // the limiter is a shared one: it is told each request's fleetTurn
 
 	mu    sync.Mutex
 	keys  map[string]*gateKey // guarded by mu
@@ -195,9 +196,38 @@ type gateWait struct {
 	out  bool // pushed out: set under the gate's mu before turn is closed
 }
 
-func newGate(p Priorities, clk *clock.Clock) *gate {
-	return &gate{p: p, clock: clk, keys: map[string]*gateKey{}}
+func newGate(p Priorities, clk *clock.Clock, l Limiter) *gate {
+	_, fleet := l.(interface{ ordersFleet() })
+	return &gate{p: p, clock: clk, fleet: fleet, keys: map[string]*gateKey{}}
 }
+
+// fleetTurn is what the gate tells a shared limiter, through the context
+// of the request it lets through, of the request's place in the fleet's
+// priority order (fair.Order, restated in the reservation script): its
+// level, and the share of a level held back. A request the gate did not
+// let through has level -1 and share 0: it is not held back.
+type fleetTurn struct {
+	level int
+	share float64
+}
+
+type fleetTurnKey struct{}
+
+// fleetTurnOf returns the fleetTurn that ctx carries.
+func fleetTurnOf(ctx context.Context) fleetTurn {
+	if ft, ok := ctx.Value(fleetTurnKey{}).(fleetTurn); ok {
+		return ft
+	}
+	return fleetTurn{level: -1}
+}
+
+// fleetHorizon is how far ahead a request below the highest priority may
+// take a turn of a shared limiter when the fleet's order holds it back
+// (see fair.Order): a high request of any instance then waits behind at
+// most this much of lower turns, and the one being sent. It covers a round
+// trip to Redis and a busy process's late wake-up, so that the turns a held
+// request comes back for follow on without a gap.
+const fleetHorizon = 20 * time.Millisecond
 
 // queueTicket is a request's passage through the gate: what it is and needs.
 type queueTicket struct {
@@ -438,6 +468,9 @@ func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, 
 		return passage{}, err
 	}
 	defer t.gate.handOn(k, tn.class.Priority.level())
+	if t.gate.fleet {
+		ctx = context.WithValue(ctx, fleetTurnKey{}, fleetTurn{level: tn.class.Priority.level(), share: t.gate.p.MinShare})
+	}
 	if quick == nil {
 		return t.enter(ctx, tn.key, cost, g, queued)
 	}

@@ -48,8 +48,8 @@ type controlArgv struct {
 	long       int     `argv:"32"` // 1: a long hold (longHold)
 }
 
-// reserveArgv is reserve.lua's fixed ARGV; a pair of (cost, max wait) a
-// request follows it (reserveRequest).
+// reserveArgv is reserve.lua's fixed ARGV; a group a request follows it
+// (reserveRequest).
 type reserveArgv struct {
 	configured float64 `argv:"1"` // units per second
 	usable     float64 `argv:"2"` // the usable burst; 0 for a pacer
@@ -62,6 +62,7 @@ type reserveArgv struct {
 	channel   string `argv:"16"`
 	id        string `argv:"17"`
 	read      int64  `argv:"18"` // us since the report was read; -1 for none
+	horizon   int64  `argv:"19"` // us: the fleet's priority order's (fleetHorizon)
 }
 
 // budgetArgv is a budget report, as reserve.lua reads it (ARGV[7] to
@@ -77,11 +78,14 @@ type budgetArgv struct {
 	resolution int64   `argv:"14"` // us
 }
 
-// reserveRequest is one request's pair of reserve.lua's ARGV: its cost and
-// its max wait (us; -1 for none).
+// reserveRequest is one request's group of reserve.lua's ARGV: its cost,
+// its max wait (us; -1 for none), and its place in the fleet's priority
+// order (see fleetTurn).
 type reserveRequest struct {
-	cost    int   `argv:"19"`
-	maxWait int64 `argv:"20"`
+	cost    int     `argv:"20"`
+	maxWait int64   `argv:"21"`
+	level   int     `argv:"22"` // -1 for none
+	share   float64 `argv:"23"` // 0: no order
 }
 
 // heartbeatArgv is heartbeat.lua's ARGV: an instance of the fleet says it

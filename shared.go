@@ -438,6 +438,10 @@ func (s *shared) redisKeys(id string) []string {
 	return []string{tag + s.shape, tag + "pause", tag + "rate", tag + "queue"}
 }
 
+// ordersFleet marks the shared limiters, which keep the fleet's priority
+// order (see fleetTurn).
+func (*shared) ordersFleet() {}
+
 func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }
 func (s *shared) channel() string    { return "egress:{" + s.name + "}:pauses" }
 
@@ -480,6 +484,15 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 			return 0, b.refuseWith(key, cost, rep.wait, s.clock.Now())
 		case rep.code == 2:
 			return 0, &LimitError{Key: key, Cost: cost, Reason: ReasonQueueFull, Wait: rep.wait}
+		case rep.code == 4:
+			// Held back by the fleet's priority order (see fleetTurn):
+			// its turn, were it taken now, is within its budget (the
+			// script refuses one that is not), and it asks again when
+			// that turn comes within the order's horizon.
+			if err := sleepOr(ctx, s.clock, rep.at.Add(rep.wait).Sub(s.clock.Now()), nil); err != nil {
+				return 0, err
+			}
+			continue
 		}
 		// (The wait counts from the reply's arrival, not from reservedAt,
 		// which may be a batch's round trip earlier, nor from now, which

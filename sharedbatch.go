@@ -145,12 +145,13 @@ type pending struct {
 	gone  bool // its waiter left before the call; guarded by the shared limiter's mu
 	cost  int
 	limit time.Time     // the latest turn it accepts; zero for none
+	turn  fleetTurn     // its place in the fleet's priority order
 	res   chan reserved // buffered: the one result
 }
 
 // reserved is what the script said of one request.
 type reserved struct {
-	code  int           // 0 admitted, 1 too long for its max wait, 2 queue full
+	code  int           // 0 admitted, 1 too long for its max wait, 2 queue full, 4 held back (come back after wait)
 	wait  time.Duration // from the script's now until the turn
 	err   error
 	moves uint64    // the changes of the key's rate that had moved its turns (see retimings)
@@ -162,7 +163,7 @@ type reserved struct {
 // context ends leaves at once; if its request was already sent, the turn
 // is lost (the fleet sends less, never more).
 func (s *shared) reserve(ctx context.Context, id string, cost int, b budget, now time.Time) reserved {
-	p := &pending{cost: cost, limit: b.deadline, res: make(chan reserved, 1)}
+	p := &pending{cost: cost, limit: b.deadline, turn: fleetTurnOf(ctx), res: make(chan reserved, 1)}
 	if b.maxWait > 0 && (p.limit.IsZero() || now.Add(b.maxWait).Before(p.limit)) {
 		p.limit = now.Add(b.maxWait)
 	}
@@ -423,7 +424,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	a := reserveArgv{
 		configured: s.rate.PerSecond(), usable: s.usableAt(id, now), depth: s.depth,
 		discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor,
-		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1,
+		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1, horizon: micros(fleetHorizon),
 	}
 	var rep *budgetReport
 	if l, ok := s.learnt.M[id]; ok {
@@ -434,9 +435,9 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	if rep != nil {
 		a.read = max(micros(now.Sub(rep.read)), 0)
 	}
-	args = argv(make([]any, 0, 19+2*len(batch)), &a)
+	args = argv(make([]any, 0, 20+4*len(batch)), &a)
 	for _, p := range batch {
-		args = argv(args, &reserveRequest{cost: p.cost, maxWait: maxWaitArg(p.limit, now)})
+		args = argv(args, &reserveRequest{cost: p.cost, maxWait: maxWaitArg(p.limit, now), level: p.turn.level, share: p.turn.share})
 	}
 	return args, first
 }
@@ -482,11 +483,14 @@ func parseReserve(reply any, n int) ([]reserved, float64, error) {
 	for i := range out {
 		code, ok1 := vals[3+2*i].(int64)
 		wait, ok2 := vals[4+2*i].(int64)
-		if !ok1 || !ok2 || code < 0 || code > 3 || wait < 0 {
+		if !ok1 || !ok2 || code < 0 || code > 4 || wait < 0 {
 			return nil, 0, fmt.Errorf("malformed reply %v at request %d", reply, i)
 		}
-		// (3: admitted, a probe.)
-		out[i] = reserved{code: int(code % 3), wait: time.Duration(wait) * time.Microsecond, moves: uint64(moves), probe: code == 3}
+		r := reserved{code: int(code), wait: time.Duration(wait) * time.Microsecond, moves: uint64(moves)}
+		if code == 3 { // admitted, a probe
+			r.code, r.probe = 0, true
+		}
+		out[i] = r
 	}
 	return out, rate, nil
 }

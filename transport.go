@@ -114,7 +114,7 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 		t.learner = t.holds
 	}
 	if c.priorities != nil && !t.shadow {
-		t.gate = newGate(*c.priorities, &t.clock)
+		t.gate = newGate(*c.priorities, &t.clock, t.limiter)
 	}
 	if tb, ok := c.limiter.(*TokenBucket); ok && t.inFlight == nil && t.costs == nil && !t.shadow {
 		t.quick = tb

@@ -10,6 +10,8 @@ import (
 	_ "embed"
 	"strconv"
 	"time"
+
+	"github.com/egress-go/egress/internal/fair"
 )
 
 //go:embed now.lua
@@ -44,8 +46,9 @@ var reserve string
 var control string
 
 // Reserve admits a batch of requests on one key (token bucket or pacer), at
-// the rate the key has learnt.
-var Reserve = Rate + reserve
+// the rate the key has learnt, in the fleet's priority order (the order
+// function of internal/fair's order.lua, the twin of its Order.Decide).
+var Reserve = Rate + fair.OrderLua + reserve
 
 // Control applies what a response said to a key's controller: the hold,
 // the shape of its quota, the advertised and discovered rate.

@@ -62,7 +62,8 @@ func bareNumbers(src string) []string {
 	return out
 }
 
-// TestNoBareTuningNumbers: the scripts name their tuning numbers (tune.x),
+// TestNoBareTuningNumbers: the scripts (and the Lua twins of internal/fair)
+// name their tuning numbers (tune.x),
 // written once in the Go beside them; a number written in a script would
 // drift from its Go twin unseen.
 func TestNoBareTuningNumbers(t *testing.T) {
@@ -70,6 +71,12 @@ func TestNoBareTuningNumbers(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
+	// The scripts' functions that sit beside their Go twins elsewhere.
+	twins, err := filepath.Glob("../fair/*.lua")
+	if err != nil || len(twins) == 0 {
+		t.Fatalf("no twins: %v", err)
+	}
+	files = append(files, twins...)
 	for _, f := range files {
 		if f == "tune.lua" {
 			continue // generated: the numbers' one place in Lua

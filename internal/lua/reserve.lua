@@ -33,8 +33,12 @@
 --          and the key's id (a spent budget's hold is not told, see below;
 --          a change that moves the turns given is, see retime in rate.lua)
 -- ARGV[18] how long ago the report's response was read (us; -1 for none)
--- ARGV[19], ARGV[20], ...  pairs of (cost, max wait in us; -1 for none),
---          one pair a request, served in order
+-- ARGV[19] the horizon of the fleet's priority order (us; see order, in
+--          internal/fair/order.lua)
+-- ARGV[20], ARGV[21], ARGV[22], ARGV[23], ...  one group a request, served
+--          in order: its cost, its max wait in us (-1 for none), its
+--          priority level (0 low, 1 normal, 2 high; -1 for none) and the
+--          share of a level held back (0: no order)
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
 -- in units per second (a string, at full precision), how many changes of
@@ -42,7 +46,13 @@
 -- given now move with the later ones only), then a pair a request: (code, wait in
 -- us), code 0 = admitted after wait, 1 = refused because wait exceeds its
 -- max wait, 2 = refused because the queue is full, 3 = admitted after wait,
--- a probe (see above). A refused request takes nothing.
+-- a probe (see above), 4 = held back by the fleet's priority order: not
+-- admitted, to come back after wait. A refused or held request takes
+-- nothing.
+--
+-- The order's state is the key's learnt-limit hash's fields o0c, o1c (the
+-- credit of levels 0 and 1, us of work) and o0u, o1u (until when each has
+-- a request held back, us), doubles at full precision.
 local rate = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 local interval = 1000000 / rate
 local burst = tonumber(ARGV[2])
@@ -103,10 +113,21 @@ if reported then
 end
 local recorded = false
 local probe = tonumber(ARGV[15])
+local horizon = tonumber(ARGV[19])
+local ord, ordered = nil, false
+local function orderState()
+  if not ord then
+    local f = redis.call('HMGET', KEYS[3], 'o0c', 'o1c', 'o0u', 'o1u')
+    ord = {c = {tonumber(f[1]) or 0, tonumber(f[2]) or 0}, u = {tonumber(f[3]) or 0, tonumber(f[4]) or 0}}
+  end
+  return {c = {ord.c[1], ord.c[2]}, u = {ord.u[1], ord.u[2]}}
+end
 local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
-for i = 19, #ARGV - 1, 2 do
+for i = 20, #ARGV - 3, 4 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
+  local level, share = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local trial = nil
   local b = burst
   if b == 0 then b = cost end
   local code, newtat, at, wait
@@ -123,6 +144,18 @@ for i = 19, #ARGV - 1, 2 do
       code = 1
     end
     if code ~= 0 then break end
+    if share > 0 then
+      -- The fleet's order, on a trial copy of its state: kept when the
+      -- request is held back, or once its turn is final (a spent budget
+      -- may move it below).
+      trial = orderState()
+      local v, back = order(trial, level, cost * interval, at, now, horizon, share)
+      if v == 2 then
+        code, wait = 4, math.ceil(back - now)
+        ord, ordered = trial, true
+        break
+      end
+    end
     local held = spend(KEYS[3], at, cost, probe, now)
     if held <= pause then break end
     -- The budget is spent: the fleet is held until then, and resumes at
@@ -138,6 +171,7 @@ for i = 19, #ARGV - 1, 2 do
     changed = true
   end
   if code == 0 then
+    if trial then ord, ordered = trial, true end
     tat = newtat
     changed = true
     grant(KEYS[3], at, cost)
@@ -164,7 +198,11 @@ for i = 19, #ARGV - 1, 2 do
   out[#out + 1] = wait
 end
 out[1] = math.max(0, math.ceil(pause - now))
-if recorded or reported then
+if ordered then
+  redis.call('HSET', KEYS[3], 'o0c', string.format('%.17g', ord.c[1]), 'o1c', string.format('%.17g', ord.c[2]),
+    'o0u', string.format('%.17g', ord.u[1]), 'o1u', string.format('%.17g', ord.u[2]))
+end
+if recorded or reported or ordered then
   -- The ring is kept for every key (a report may come for any), and
   -- lives at least as long as it reaches back; a budget until its reset.
   if recorded and redis.call('HEXISTS', KEYS[3], 'hist') == 0 then
