@@ -123,8 +123,9 @@ func (p *Priorities) classOf(req *http.Request) Class {
 // turn beside it rather than after it is granted (in a fleet, a turn may
 // be a turn of each instance away). Otherwise it waits in the key's
 // fair.Queue; when a lead is done, the next waiter goes when no lead is
-// left, when it is of a higher priority than every lead left, or when it
-// is a high one with room beside the high leads. (Requests side by side while the
+// left, when it is of a higher priority than every lead left, when the
+// queue chose it on its level's credit, or when it is a high one with room
+// beside the high leads. (Requests side by side while the
 // limit does not bind would be cheaper, but a lead does not tell whether
 // it waits until it is granted, and every request arriving meanwhile would
 // pass the queue.)
@@ -156,10 +157,13 @@ func (k *gateKey) topLead() int {
 }
 
 // highLeads is how many high requests of a key may be with the limiter
-// at once, beside a lower lead, while no other high one waits. One: with
-// more, two high callers in a loop keep a high lead there at every hand-on,
-// and a waiter below, which goes only above every lead, never would.
-const highLeads = 1
+// at once, beside a lower lead, while no other high one waits: a high
+// request that comes while another is with a shared limiter (its turn up
+// to the fleet's horizon away, and a round trip) reserves its own turn
+// behind it at once, rather than after that turn. Callers of high requests
+// in a loop keep high leads with the limiter at every hand-on; a waiter
+// below goes beside them on its level's credit (see goes).
+const highLeads = 4
 
 // straight reports whether a request of level lv goes to the limiter at
 // once: when the key has no lead; or, a high request, when fewer than
@@ -173,10 +177,11 @@ func (k *gateKey) straight(lv int) bool {
 }
 
 // goes reports whether the waiter e, next in the queue, goes now: above
-// every lead, or a high one with room beside the high leads.
-func (k *gateKey) goes(e *fair.Entry[*gateWait]) bool {
+// every lead; on its level's credit (its minimum share, which leads above
+// it do not hold back); or a high one with room beside the high leads.
+func (k *gateKey) goes(e *fair.Entry[*gateWait], byCredit bool) bool {
 	high := len(k.leads) - 1
-	return e.Level > k.topLead() || e.Level == high && k.leads[high] < highLeads
+	return e.Level > k.topLead() || byCredit || e.Level == high && k.leads[high] < highLeads
 }
 
 // sum returns the waiters' costs at the levels below lv (all: 3).
@@ -395,7 +400,7 @@ func (g *gate) next(k *gateKey, lv int) {
 	if k.q == nil {
 		return
 	}
-	if e := k.q.Peek(); e == nil || !k.goes(e) {
+	if e, byCredit := k.q.Peek(); e == nil || !k.goes(e, byCredit) {
 		return
 	}
 	e, _ := k.q.Pop()

@@ -231,9 +231,8 @@ func TestPrioritiesMaxWaitEndsInTheQueue(t *testing.T) {
 	r.fc.Advance(50 * time.Millisecond)
 	r.send(ctx, "H", high) // at 50 ms: to the bucket at once, its turn at 200 ms
 	waitTimers(t, r.fc, 3)
-	r.send(ctx, "H", high) // at 50 ms: queued behind the other, its maximum wait ends at 300 ms
-	r.waitQueued(2)
-	// The two leads' timers and the two queued requests' maximum waits.
+	r.send(ctx, "H", high) // at 50 ms: beside the other (highLeads), its turn at 300 ms
+	// The three leads' timers and the queued request's maximum wait.
 	waitTimers(t, r.fc, 4)
 	r.fc.Advance(50 * time.Millisecond) // t = 100 ms
 	require.Equal(t, prioResult{name: "L1"}, recvWithin(t, r.done))

@@ -16,7 +16,8 @@
 //     level, earns each level below the highest with waiters share·w of
 //     credit, and a level whose credit covers its next waiter's work goes
 //     first and spends it. A level keeps at least its share of the work
-//     granted while it has waiters; credit is dropped when it has none.
+//     granted while it has waiters; credit is dropped when it has none,
+//     and when it is served as the highest level with waiters.
 //   - Fairness: within a level, the tenant that has been served the least
 //     work (divided by its weight) goes next, each tenant's own waiters in
 //     arrival order. A tenant that comes back after a pause starts level
@@ -222,6 +223,11 @@ func (q *Queue[T]) Pop() (*Entry[T], bool) {
 	t.waiters = t.waiters[1:]
 	if byCredit {
 		l.credit = max(l.credit-e.Work, 0)
+	} else {
+		// Served as the top, the level is not held back: credit kept
+		// would be banked, and spent later to pass a higher level by
+		// more than its share.
+		l.credit = 0
 	}
 	t.served = max(t.served, t.floor) + e.Work/t.weight
 	l.vtime = max(l.vtime, t.served-e.Work/t.weight)
@@ -230,21 +236,28 @@ func (q *Queue[T]) Pop() (*Entry[T], bool) {
 	return e, true
 }
 
-// Peek returns the waiter Pop would return, leaving it queued; nil when
-// the queue is empty.
-func (q *Queue[T]) Peek() *Entry[T] {
-	_, lv, _ := q.turn()
+// Peek returns the waiter Pop would return, leaving it queued, and
+// whether its level's credit covers it (its minimum share: an owner that
+// holds the top level back for grants that do not queue lets it go
+// beside them); nil when the queue is empty.
+func (q *Queue[T]) Peek() (*Entry[T], bool) {
+	_, lv, byCredit := q.turn()
 	if lv < 0 {
-		return nil
+		return nil, false
 	}
-	return q.levels[lv].next().waiters[0]
+	return q.levels[lv].next().waiters[0], byCredit
 }
 
 // turn returns the highest level with waiters (-1 for none), the level
-// whose turn it is, and whether that level goes on its credit.
+// whose turn it is, and whether that level's credit covers its next
+// waiter (which then goes on it; the top level's can, when it earned it
+// from grants that did not queue: see Charge).
 func (q *Queue[T]) turn() (top, lv int, byCredit bool) {
 	top = q.top()
-	for i := top - 1; i >= 0 && q.share > 0; i-- {
+	if top < 0 {
+		return top, top, false
+	}
+	for i := top; i >= 0 && q.share > 0; i-- {
 		l := &q.levels[i]
 		if l.active > 0 && covers(l.credit, l.next().waiters[0].Work) {
 			return top, i, true

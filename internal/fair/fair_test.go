@@ -1474,8 +1474,11 @@ func TestPeekIsPop(t *testing.T) {
 				continue
 			}
 			n := q.Len()
-			peek := q.Peek()
+			peek, byCredit := q.Peek()
 			require.Equal(t, n, q.Len())
+			_, lv, want := q.turn()
+			require.Equal(t, want, byCredit)
+			require.True(t, peek == nil || peek.Level == lv)
 			e, ok := q.Pop()
 			require.Equal(t, ok, peek != nil)
 			require.Same(t, peek, e, "seed %d op %d", seed, i)
@@ -1493,9 +1496,14 @@ func TestChargeCountsAGrantThatDidNotQueue(t *testing.T) {
 	q.Push(1, "A", 1, "a1")
 	require.True(t, q.Waiting(1))
 	require.False(t, q.Waiting(2))
-	q.Charge(2, "H", 2) // the low level earns 1: it goes before the normal one
-	e, _ := mustPop(t, q)
+	q.Charge(2, "H", 2) // the normal and low levels earn 1 each: both go on it, the normal one first
+	e, byCredit := q.Peek()
+	require.Equal(t, "a1", e.Value)
+	require.True(t, byCredit)
+	mustPop(t, q)
+	e, byCredit = q.Peek()
 	require.Equal(t, "l1", e.Value)
+	require.True(t, byCredit)
 
 	q.Push(1, "A", 1, "a2")
 	q.Charge(1, "B", 3) // B is charged beyond A's next grant
@@ -1505,6 +1513,32 @@ func TestChargeCountsAGrantThatDidNotQueue(t *testing.T) {
 		e, _ := mustPop(t, q)
 		order = append(order, e.Value)
 	}
-	require.Equal(t, []string{"a1", "a2", "b1"}, order)
+	require.Equal(t, []string{"l1", "a2", "b1"}, order)
 	q.Charge(2, "H", -1) // a negative work is ignored
+}
+
+// TestCreditNotBankedWhileServedAsTop: credit a level earned while it
+// went as the highest with waiters (beside grants that did not queue) is
+// not kept to pass a higher level later.
+func TestCreditNotBankedWhileServedAsTop(t *testing.T) {
+	q := New[string](3, 0.1, nil)
+	q.Push(1, "A", 1, "n1")
+	q.Push(1, "A", 1, "n2")
+	q.Charge(2, "H", 5) // high requests beside: the normal level earns 0.5
+	e, byCredit := mustPeek(t, q)
+	require.Equal(t, "n1", e.Value)
+	require.False(t, byCredit, "0.5 does not cover it")
+	mustPop(t, q) // served as the top (say, its owner had no lead left)
+	q.Charge(2, "H", 5)
+	q.Push(2, "H", 1, "h1")
+	e, byCredit = mustPeek(t, q)
+	require.Equal(t, "h1", e.Value, "the high one first: the 0.5 earned before n1 went was not kept")
+	require.False(t, byCredit)
+}
+
+func mustPeek[T any](t *testing.T, q *Queue[T]) (*Entry[T], bool) {
+	t.Helper()
+	e, byCredit := q.Peek()
+	require.NotNil(t, e)
+	return e, byCredit
 }
