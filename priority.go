@@ -104,6 +104,17 @@ func (p *Priorities) validate() error {
 	return nil
 }
 
+// weightOf returns tenant's weight (see Weight).
+func (p *Priorities) weightOf(tenant string) float64 {
+	if p.Weight == nil {
+		return 1
+	}
+	if w := p.Weight(tenant); w > 0 && !math.IsInf(w, 0) {
+		return w
+	}
+	return 1
+}
+
 // classOf returns req's Class: its context's, else the Classify of p.
 func (p *Priorities) classOf(req *http.Request) Class {
 	if c, ok := ClassOf(req.Context()); ok {
@@ -133,6 +144,7 @@ type gate struct {
 	p     Priorities
 	clock *clock.Clock
 	fleet bool // the limiter is a shared one: it is told each request's fleetTurn
+	leads int  // how many requests of a key go to the limiter side by side (see fleetLeads)
 
 	mu    sync.Mutex
 	keys  map[string]*gateKey // guarded by mu
@@ -168,8 +180,8 @@ const highLeads = 4
 // straight reports whether a request of level lv goes to the limiter at
 // once: when the key has no lead; or, a high request, when fewer than
 // highLeads high ones are with the limiter and none waits.
-func (k *gateKey) straight(lv int) bool {
-	if k.topLead() < 0 {
+func (k *gateKey) straight(lv, most int) bool {
+	if n := k.total(); n == 0 || n < most && (k.q == nil || !k.q.Waiting(lv)) {
 		return true
 	}
 	high := len(k.leads) - 1
@@ -179,9 +191,14 @@ func (k *gateKey) straight(lv int) bool {
 // goes reports whether the waiter e, next in the queue, goes now: above
 // every lead; on its level's credit (its minimum share, which leads above
 // it do not hold back); or a high one with room beside the high leads.
-func (k *gateKey) goes(e *fair.Entry[*gateWait], byCredit bool) bool {
+func (k *gateKey) goes(e *fair.Entry[*gateWait], byCredit bool, most int) bool {
 	high := len(k.leads) - 1
-	return e.Level > k.topLead() || byCredit || e.Level == high && k.leads[high] < highLeads
+	return e.Level > k.topLead() || byCredit || k.total() < most || e.Level == high && k.leads[high] < highLeads
+}
+
+// total returns the number of leads.
+func (k *gateKey) total() int {
+	return k.leads[0] + k.leads[1] + k.leads[2]
 }
 
 // sum returns the waiters' costs at the levels below lv (all: 3).
@@ -202,18 +219,31 @@ type gateWait struct {
 }
 
 func newGate(p Priorities, clk *clock.Clock, l Limiter) *gate {
-	_, fleet := l.(interface{ ordersFleet() })
-	return &gate{p: p, clock: clk, fleet: fleet, keys: map[string]*gateKey{}}
+	g := &gate{p: p, clock: clk, leads: 1, keys: map[string]*gateKey{}}
+	if _, fleet := l.(interface{ ordersFleet() }); fleet {
+		g.fleet, g.leads = true, fleetLeads
+	}
+	return g
 }
+
+// fleetLeads is how many requests of a key go to a shared limiter side by
+// side, whatever their level: the fleet's order holds each back in Redis
+// (see fleetTurn), and one held back for its tenant's share must not keep
+// the instance's other tenants from the turns meanwhile. (A local limiter
+// has one: it gives turns in the order it is asked.)
+const fleetLeads = 2
 
 // fleetTurn is what the gate tells a shared limiter, through the context
 // of the request it lets through, of the request's place in the fleet's
-// priority order (fair.Order, restated in the reservation script): its
-// level, and the share of a level held back. A request the gate did not
-// let through has level -1 and share 0: it is not held back.
+// priority order and tenants' shares (fair.Order and fair.Shares,
+// restated in the reservation script): its level, the share of a level
+// held back, its tenant and the tenant's weight. A request the gate did
+// not let through has level -1 and share 0: it is not held back.
 type fleetTurn struct {
-	level int
-	share float64
+	level  int
+	share  float64
+	tenant string
+	weight float64
 }
 
 type fleetTurnKey struct{}
@@ -263,7 +293,7 @@ func (t *queueTicket) measure() {
 func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duration, error) {
 	g.mu.Lock()
 	k := g.key(t.key)
-	if lv := t.class.Priority.level(); k.straight(lv) {
+	if lv := t.class.Priority.level(); k.straight(lv, g.leads) {
 		k.leads[lv]++
 		if k.q != nil {
 			t.measure()
@@ -400,7 +430,7 @@ func (g *gate) next(k *gateKey, lv int) {
 	if k.q == nil {
 		return
 	}
-	if e, byCredit := k.q.Peek(); e == nil || !k.goes(e, byCredit) {
+	if e, byCredit := k.q.Peek(); e == nil || !k.goes(e, byCredit, g.leads) {
 		return
 	}
 	e, _ := k.q.Pop()
@@ -474,7 +504,8 @@ func (t *Transport) enterTurn(ctx context.Context, tn *queueTicket, cost *Cost, 
 	}
 	defer t.gate.handOn(k, tn.class.Priority.level())
 	if t.gate.fleet {
-		ctx = context.WithValue(ctx, fleetTurnKey{}, fleetTurn{level: tn.class.Priority.level(), share: t.gate.p.MinShare})
+		ctx = context.WithValue(ctx, fleetTurnKey{}, fleetTurn{level: tn.class.Priority.level(), share: t.gate.p.MinShare,
+			tenant: tn.class.Tenant, weight: t.gate.p.weightOf(tn.class.Tenant)})
 	}
 	if quick == nil {
 		return t.enter(ctx, tn.key, cost, g, queued)

@@ -39,7 +39,7 @@ func TestOrderInTheReserveScript(t *testing.T) {
 		return got
 	}
 	ms := time.Millisecond
-	hi, lo, off := fleetTurn{level: 2, share: 0.1}, fleetTurn{level: 0, share: 0.1}, fleetTurn{level: -1}
+	hi, lo, off := fleetTurn{level: 2, share: 0.1, weight: 1}, fleetTurn{level: 0, share: 0.1, weight: 1}, fleetTurn{level: -1}
 	waits := func(rs []reserved) (codes []int, ws []time.Duration) {
 		for _, r := range rs {
 			codes, ws = append(codes, r.code), append(ws, r.wait)
@@ -75,6 +75,41 @@ func TestOrderInTheReserveScript(t *testing.T) {
 	codes, _ = waits(ask(hi, hi, hi, lo))
 	assert.Equal(t, []int{0, 0, 0, 4}, codes, "held back, no credit banked")
 }
+
+// TestSharesInTheReserveScript: a tenant more than a horizon's work ahead
+// of another that waits (held back by the horizon) is held back in turn,
+// for a horizon, and the one waiting takes the next turn (fake clock).
+func TestSharesInTheReserveScript(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	fc := clock.NewFake(time.Now())
+	l, err := NewSharedTokenBucket(rdb, "shares", PerSecond(100), 1, onClock(fc), WithTransitMargin(0))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	id := keyID("api.test")
+	ms := time.Millisecond
+	ask := func(tenant string) reserved {
+		t.Helper()
+		p := &pending{cost: 1, turn: fleetTurn{level: 1, share: 0.1, tenant: tenant, weight: 1}, res: make(chan reserved, 1)}
+		got, _, err := l.runReserve(id, []*pending{p})
+		require.NoError(t, err)
+		return got[0]
+	}
+	for i := range 3 {
+		require.Equal(t, reserved{code: 0, wait: time.Duration(i) * 10 * ms}, ask("A").clean())
+	}
+	require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask("B").clean(), "its turn (30 ms) beyond the horizon: B waits, 10 ms of work behind A")
+	fc.Advance(10 * ms)
+	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("A").clean(), "A, 20 ms ahead of B: not more than a horizon")
+	fc.Advance(10 * ms)
+	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("A").clean())
+	require.Equal(t, reserved{code: 4, wait: 20 * ms}, ask("A").clean(), "A, 30 ms ahead: held back for a horizon")
+	fc.Advance(10 * ms)
+	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("B").clean(), "B takes the turn at 50 ms")
+	require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask("A").clean(), "A, 20 ms ahead of B now: only the horizon holds it (its turn at 60 ms)")
+}
+
+// clean returns r without the fields a test does not compare.
+func (r reserved) clean() reserved { return reserved{code: r.code, wait: r.wait} }
 
 // TestFleetPriorities: instances flooding a shared bucket with
 // low requests do not keep a high request of another instance waiting

@@ -563,24 +563,27 @@ func TestPrioritiesInTheSharedFallback(t *testing.T) {
 	r.send(ctx, "first", low)
 	require.NoError(t, recvWithin(t, r.done).err)
 	require.True(t, l.Stats().Fallback, "Redis is down: the fallback grants")
-	r.send(ctx, "L1", low) // the lead: its turn 500 ms away
-	spinUntil(t, "L1 with the limiter", func() bool {
-		g := r.tr.gate
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		k := g.keys["api.test"]
-		return k != nil && k.topLead() >= 0
-	})
-	r.send(ctx, "L2", low)
-	r.waitQueued(1)
+	leads := func(n int) func() bool {
+		return func() bool {
+			g := r.tr.gate
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			k := g.keys["api.test"]
+			return k != nil && k.total() == n
+		}
+	}
+	r.send(ctx, "L1", low) // a lead: its turn 500 ms away
+	spinUntil(t, "L1 with the limiter", leads(1))
+	r.send(ctx, "L2", low) // beside it (fleetLeads): its turn 1 s away
+	spinUntil(t, "L2 with the limiter", leads(2))
 	r.send(ctx, "L3", low)
-	r.waitQueued(2)
+	r.waitQueued(1)
 	r.send(ctx, "N", Class{})
-	r.waitQueued(3)
+	r.waitQueued(2)
 	for range 4 {
 		require.NoError(t, recvWithin(t, r.done).err)
 	}
-	require.Equal(t, "first L1 N L2 L3", r.order())
+	require.Equal(t, "first L1 L2 N L3", r.order())
 }
 
 // TestPrioritiesNoStarvationBesideHighLoops: two callers sending high

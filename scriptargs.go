@@ -80,12 +80,14 @@ type budgetArgv struct {
 
 // reserveRequest is one request's group of reserve.lua's ARGV: its cost,
 // its max wait (us; -1 for none), and its place in the fleet's priority
-// order (see fleetTurn).
+// order and tenants' shares (see fleetTurn).
 type reserveRequest struct {
 	cost    int     `argv:"20"`
 	maxWait int64   `argv:"21"`
 	level   int     `argv:"22"` // -1 for none
-	share   float64 `argv:"23"` // 0: no order
+	share   float64 `argv:"23"` // 0: no order, no shares
+	tenant  string  `argv:"24"`
+	weight  float64 `argv:"25"`
 }
 
 // heartbeatArgv is heartbeat.lua's ARGV: an instance of the fleet says it

@@ -52,6 +52,7 @@ var scriptTune = []struct {
 	{"ringSize", ringSize},
 	{"ringLife", ringLife},
 	{"grantIDLife", grantIDLife},
+	{"hsetFields", hsetFields},
 }
 
 // renderTune returns internal/lua/tune.lua for scriptTune.

@@ -420,6 +420,11 @@ const (
 	grantIDLife = 24 * time.Hour
 )
 
+// hsetFields is how many fields a script writes to a hash in one HSET
+// (reserve.lua's tenants' shares): Lua's unpack, which spreads them into
+// the call's arguments, is bounded by the interpreter's stack.
+const hsetFields = 500
+
 //go:generate go test -run ^TestScriptTune$ . -update
 
 // keyID names a caller's key in Redis: a hash, so that no key can reach
@@ -429,13 +434,13 @@ func keyID(key string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// redisKeys returns the bucket, pause, learnt-state and (for a pacer)
-// queue keys of a key id. They share the hash tag {name:id}, so a
+// redisKeys returns the bucket, pause, learnt-state, (for a pacer) queue
+// and tenants' shares keys of a key id. They share the hash tag {name:id}, so a
 // script's keys share a Cluster slot, while different keys spread over
 // the Cluster.
 func (s *shared) redisKeys(id string) []string {
 	tag := "egress:{" + s.name + ":" + id + "}:"
-	return []string{tag + s.shape, tag + "pause", tag + "rate", tag + "queue"}
+	return []string{tag + s.shape, tag + "pause", tag + "rate", tag + "queue", tag + "shares"}
 }
 
 // ordersFleet marks the shared limiters, which keep the fleet's priority

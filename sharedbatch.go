@@ -435,9 +435,10 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	if rep != nil {
 		a.read = max(micros(now.Sub(rep.read)), 0)
 	}
-	args = argv(make([]any, 0, 20+4*len(batch)), &a)
+	args = argv(make([]any, 0, 20+6*len(batch)), &a)
 	for _, p := range batch {
-		args = argv(args, &reserveRequest{cost: p.cost, maxWait: maxWaitArg(p.limit, now), level: p.turn.level, share: p.turn.share})
+		args = argv(args, &reserveRequest{cost: p.cost, maxWait: maxWaitArg(p.limit, now),
+			level: p.turn.level, share: p.turn.share, tenant: p.turn.tenant, weight: p.turn.weight})
 	}
 	return args, first
 }

@@ -46,9 +46,10 @@ var reserve string
 var control string
 
 // Reserve admits a batch of requests on one key (token bucket or pacer), at
-// the rate the key has learnt, in the fleet's priority order (the order
-// function of internal/fair's order.lua, the twin of its Order.Decide).
-var Reserve = Rate + fair.OrderLua + reserve
+// the rate the key has learnt, in the fleet's priority order and tenants'
+// shares (internal/fair's order.lua and shares.lua, the twins of its
+// Order and Shares).
+var Reserve = Rate + fair.OrderLua + fair.SharesLua + reserve
 
 // Control applies what a response said to a key's controller: the hold,
 // the shape of its quota, the advertised and discovered rate.

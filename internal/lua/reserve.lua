@@ -8,6 +8,8 @@
 -- KEYS[4]  the pacer's queue: a sorted set of the turns given and not yet
 --          come, one member a grant ("<turn>:<cost>"), scored by its
 --          turn's time (us); unused by the token bucket
+-- KEYS[5]  the tenants' shares (see shares, in internal/fair/shares.lua):
+--          a hash of its fields
 -- ARGV[1]  the configured rate, units per second
 -- ARGV[2]  the usable burst in cost units (the burst less the jitter
 --          margin; a larger cost waits for the rest); 0 makes a pacer (each request's own cost is
@@ -35,10 +37,11 @@
 -- ARGV[18] how long ago the report's response was read (us; -1 for none)
 -- ARGV[19] the horizon of the fleet's priority order (us; see order, in
 --          internal/fair/order.lua)
--- ARGV[20], ARGV[21], ARGV[22], ARGV[23], ...  one group a request, served
---          in order: its cost, its max wait in us (-1 for none), its
---          priority level (0 low, 1 normal, 2 high; -1 for none) and the
---          share of a level held back (0: no order)
+-- ARGV[20], ARGV[21], ARGV[22], ARGV[23], ARGV[24], ARGV[25], ...  one
+--          group a request, served in order: its cost, its max wait in us
+--          (-1 for none), its priority level (0 low, 1 normal, 2 high; -1
+--          for none), the share of a level held back (0: no order, no
+--          shares), its tenant and the tenant's weight
 --
 -- Returns a flat array: the pause left in us (0 when none), the key's rate
 -- in units per second (a string, at full precision), how many changes of
@@ -115,6 +118,15 @@ local recorded = false
 local probe = tonumber(ARGV[15])
 local horizon = tonumber(ARGV[19])
 local ord, ordered = nil, false
+local sst = nil -- the tenants' shares, read on first use
+local function sharesState()
+  if not sst then
+    sst = {}
+    local kv = redis.call('HGETALL', KEYS[5])
+    for j = 1, #kv - 1, 2 do sst[kv[j]] = tonumber(kv[j + 1]) end
+  end
+  return sst
+end
 local function orderState()
   if not ord then
     local f = redis.call('HMGET', KEYS[3], 'o0c', 'o1c', 'o0u', 'o1u')
@@ -123,10 +135,11 @@ local function orderState()
   return {c = {ord.c[1], ord.c[2]}, u = {ord.u[1], ord.u[2]}}
 end
 local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
-for i = 20, #ARGV - 3, 4 do
+for i = 20, #ARGV - 5, 6 do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local level, share = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local tenant, weight = ARGV[i + 4], tonumber(ARGV[i + 5])
   local trial = nil
   local b = burst
   if b == 0 then b = cost end
@@ -145,11 +158,11 @@ for i = 20, #ARGV - 3, 4 do
     end
     if code ~= 0 then break end
     if share > 0 then
-      -- The fleet's order, on a trial copy of its state: kept when the
-      -- request is held back, or once its turn is final (a spent budget
-      -- may move it below).
+      -- The fleet's order and shares, the order on a trial copy of its
+      -- state: kept when the request is held back, or once its turn is
+      -- final (a spent budget may move it below).
       trial = orderState()
-      local v, back = order(trial, level, cost * interval, at, now, horizon, share)
+      local v, back = ask(trial, sharesState(), level, tenant, cost * interval, at, now, horizon, share)
       if v == 2 then
         code, wait = 4, math.ceil(back - now)
         ord, ordered = trial, true
@@ -171,7 +184,11 @@ for i = 20, #ARGV - 3, 4 do
     changed = true
   end
   if code == 0 then
-    if trial then ord, ordered = trial, true end
+    if trial then
+      ord, ordered = trial, true
+      shares_grant(sst, level, tenant, weight, cost * interval)
+      shares_prune(sst, now)
+    end
     tat = newtat
     changed = true
     grant(KEYS[3], at, cost)
@@ -201,6 +218,17 @@ out[1] = math.max(0, math.ceil(pause - now))
 if ordered then
   redis.call('HSET', KEYS[3], 'o0c', string.format('%.17g', ord.c[1]), 'o1c', string.format('%.17g', ord.c[2]),
     'o0u', string.format('%.17g', ord.u[1]), 'o1u', string.format('%.17g', ord.u[2]))
+  -- The shares, rewritten whole: what prune dropped goes.
+  redis.call('DEL', KEYS[5])
+  local kv = {}
+  for f, x in pairs(sst) do
+    kv[#kv + 1] = f
+    kv[#kv + 1] = string.format('%.17g', x)
+  end
+  for j = 1, #kv, 2 * tune.hsetFields do -- (unpack's stack is bounded)
+    redis.call('HSET', KEYS[5], unpack(kv, j, math.min(j + 2 * tune.hsetFields - 1, #kv)))
+  end
+  if #kv > 0 then redis.call('PEXPIRE', KEYS[5], tune.ringLife / 1000) end
 end
 if recorded or reported or ordered then
   -- The ring is kept for every key (a report may come for any), and

@@ -35,4 +35,5 @@ local tune = {
   ringSize = 256,
   ringLife = 10000000,
   grantIDLife = 86400000000,
+  hsetFields = 500,
 }
