@@ -3,8 +3,8 @@ package fair
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"

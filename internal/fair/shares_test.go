@@ -124,7 +124,7 @@ func TestSharesMemory(t *testing.T) {
 	s := Shares{}
 	now := 0.0
 	for i := range 1000 {
-		tenant := string(rune('a' + i%26)) + string(rune('a'+i/26))
+		tenant := string(rune('a'+i%26)) + string(rune('a'+i/26))
 		s.Arrive(1, tenant, now)
 		s.Grant(1, tenant, 1, 10)
 		s.Arrive(1, "heavy", now)
