@@ -196,3 +196,51 @@ func sendClass(ctx context.Context, tr *Transport, c Class) error {
 	}
 	return err
 }
+
+// TestSharesInTheLimitsScript: SharedLimits' script keeps the fleet's
+// order and shares as the token bucket's does, in the limit's own
+// dimension (a request's work is its tokens over the rate): a tenant more
+// than a horizon's work ahead of one that waits is held back (fake clock).
+func TestSharesInTheLimitsScript(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	fc := clock.NewFake(time.Now())
+	l, err := NewSharedLimits(rdb, "limits-shares", []Limit{BucketOf(Tokens, PerSecond(10_000), 1000)},
+		onClock(fc), WithTransitMargin(0))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	keys := l.redisKeys("api.test")
+	ms := time.Millisecond
+	ask := func(tenant string, tokens int) limitsReply {
+		t.Helper()
+		p := &limitsPending{cost: Cost{Requests: 1, Tokens: tokens}, res: make(chan limitsReply, 1),
+			turn: fleetTurn{level: 1, share: 0.1, tenant: tenant, weight: 1}}
+		got, err := l.run(keys, []*limitsPending{p})
+		require.NoError(t, err)
+		return limitsReply{refused: got[0].refused, held: got[0].held, wait: got[0].wait}
+	}
+	require.Equal(t, limitsReply{}, ask("A", 1000), "the burst: A served 100 ms of work")
+	require.Equal(t, limitsReply{held: true, wait: 80 * ms}, ask("B", 1000), "its turn at 100 ms: B waits, at the level's virtual time (0)")
+	fc.Advance(80 * ms)
+	require.Equal(t, limitsReply{held: true, wait: 20 * ms}, ask("A", 1000), "A, 100 ms of work ahead of B: held back for a horizon")
+	require.Equal(t, limitsReply{wait: 20 * ms}, ask("B", 1000), "B's turn, at 100 ms")
+	require.Equal(t, limitsReply{held: true, wait: 10 * ms}, ask("A", 100), "A level with B: only the horizon holds it (its turn at 110 ms)")
+}
+
+func TestParseLimitsReply(t *testing.T) {
+	at := time.Now()
+	got, err := parseLimitsReply([]any{int64(1), int64(2), int64(20_000), int64(0), int64(0)}, 1, at)
+	require.NoError(t, err)
+	require.Equal(t, []limitsReply{{held: true, wait: 20 * time.Millisecond, at: at}}, got)
+	got, err = parseLimitsReply([]any{int64(1), int64(0), int64(5), int64(77), int64(3)}, 1, at)
+	require.NoError(t, err)
+	require.Equal(t, []limitsReply{{wait: 5 * time.Microsecond, turn: 77, gid: 3, at: at}}, got)
+	for _, bad := range [][]any{
+		{int64(1), int64(3), int64(0), int64(0), int64(0)},
+		{int64(1), int64(0), int64(-1), int64(0), int64(0)},
+		{int64(1), "0", int64(0), int64(0), int64(0)},
+		{int64(1), int64(0), int64(0), int64(0)},
+	} {
+		_, err := parseLimitsReply(bad, 1, at)
+		require.Error(t, err, "%v", bad)
+	}
+}

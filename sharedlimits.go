@@ -214,12 +214,14 @@ type limitsPending struct {
 	gone  bool // its waiter left before the call; guarded by mu
 	cost  Cost
 	limit time.Time // the latest turn it accepts; zero for none
+	turn  fleetTurn // its place in the fleet's priority order and shares
 	res   chan limitsReply
 }
 
 // limitsReply is what the script said of one request.
 type limitsReply struct {
 	refused bool
+	held    bool          // held back by the fleet's order or shares: to come back after wait
 	wait    time.Duration // from the reply until the turn
 	turn    int64         // admitted: the turn, us of the server's clock
 	gid     int64         // admitted: the grant's id
@@ -240,14 +242,20 @@ func (l *SharedLimits) redisKeys(key string) []string {
 		}
 	}
 	tag := "egress:{" + l.fleet.name + ":" + keyID(top) + "}:lm:"
-	keys := make([]string, 1, 2+2*len(l.limits))
+	keys := make([]string, 1, 4+2*len(l.limits))
 	keys[0] = tag + "hold:" + keyID(key)
 	for i := range l.limits {
 		k := tag + strconv.Itoa(i) + ":" + keyID(l.limits[i].key(key))
 		keys = append(keys, k, k+":g")
 	}
-	return append(keys, tag+"gid")
+	// The order and shares of the top key: its requests, of every key
+	// under it, meet at its limit.
+	return append(keys, tag+"gid", tag+"order", tag+"shares")
 }
+
+// ordersFleet marks SharedLimits as keeping the fleet's priority order
+// (see fleetTurn).
+func (*SharedLimits) ordersFleet() {}
 
 // Wait implements Limiter: cost is in requests.
 func (l *SharedLimits) Wait(ctx context.Context, key string, cost int, maxWait time.Duration) (time.Duration, error) {
@@ -309,8 +317,9 @@ func (l *SharedLimits) check(key string, cost Cost) error {
 
 // take reserves a turn of cost for key in Redis and waits for it, for a
 // request that began at start; again reports that the caller should try
-// once more: Redis failed (the fallback is next), or a hold heard after the
-// turn was given covers it (given back, the script knows of the hold).
+// once more: Redis failed (the fallback is next), a hold heard after the
+// turn was given covers it (given back, the script knows of the hold), or
+// the fleet's order held it back until now.
 func (l *SharedLimits) take(ctx context.Context, key string, cost Cost, maxWait time.Duration, start time.Time) (g Grant, again bool, err error) {
 	s := l.fleet
 	reservedAt := s.clock.Now()
@@ -324,6 +333,15 @@ func (l *SharedLimits) take(ctx context.Context, key string, cost Cost, maxWait 
 		}
 		end = b.end(reservedAt, true)
 		rep = l.reserve(ctx, key, cost, budget{}, s.clock.Now()) // the real turn, beyond b
+	}
+	if rep.err == nil && rep.held {
+		// Held back by the fleet's priority order or tenants' shares (see
+		// fleetTurn): its turn, were it taken now, is within b (the
+		// script refuses one that is not); it asks again then.
+		if err := sleepOr(ctx, s.clock, rep.at.Add(rep.wait).Sub(s.clock.Now()), nil); err != nil {
+			return Grant{}, false, err
+		}
+		return Grant{}, true, nil
 	}
 	switch {
 	case rep.err != nil && ctx.Err() != nil:
@@ -478,7 +496,7 @@ func (l *SharedLimits) closedErr() error {
 // next call. A waiter whose context ends leaves at once; if its request
 // was already sent, its grant is given back.
 func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b budget, now time.Time) limitsReply {
-	p := &limitsPending{cost: cost, limit: b.deadline, res: make(chan limitsReply, 1)}
+	p := &limitsPending{cost: cost, limit: b.deadline, turn: fleetTurnOf(ctx), res: make(chan limitsReply, 1)}
 	if b.maxWait > 0 && (p.limit.IsZero() || now.Add(b.maxWait).Before(p.limit)) {
 		p.limit = now.Add(b.maxWait)
 	}
@@ -619,7 +637,7 @@ func (l *SharedLimits) callBatch(ln *limitsLane, batch []*limitsPending) {
 	if err == nil {
 		ln.called, ln.rtt = replies[0].at, replies[0].at.Sub(start)
 		for _, r := range replies {
-			if !r.refused {
+			if !r.refused && !r.held {
 				ln.held = maxTime(ln.held, r.at.Add(r.wait))
 			}
 		}
@@ -637,7 +655,7 @@ func (l *SharedLimits) callBatch(ln *limitsLane, batch []*limitsPending) {
 // run makes one reservation call for batch.
 func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply, error) {
 	s := l.fleet
-	args := make([]any, 0, 1+len(l.args)+len(batch)*(len(l.limits)+1))
+	args := make([]any, 0, 1+len(l.args)+len(batch)*(len(l.limits)+7))
 	args = append(args, "reserve")
 	args = append(args, l.args...)
 	now := s.clock.Now()
@@ -645,7 +663,9 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 		for i := range l.limits {
 			args = append(args, p.cost.Of(l.limits[i].dim))
 		}
-		args = append(args, maxWaitArg(p.limit, now))
+		ft := &p.turn
+		args = append(args, maxWaitArg(p.limit, now), ft.level, ft.share, ft.tenant, ft.weight,
+			limitsWork(l.limits, &p.cost)*1e6, micros(fleetHorizon))
 	}
 	s.roundTrips.Add(1)
 	var reply any
@@ -663,7 +683,7 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
 	for _, r := range out {
-		if !r.refused {
+		if !r.refused && !r.held {
 			s.admitted.Add(1)
 		}
 	}
@@ -671,7 +691,8 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 }
 
 // parseLimitsReply checks and reads a reservation's reply: the server's
-// now, then a (code, wait, turn or binding limit, grant id) quadruple a request. A
+// now, then a (code, wait, turn or binding limit, grant id) quadruple a
+// request (code 2: held back by the fleet's order, to come back after wait). A
 // malformed reply is an error, never a panic.
 func parseLimitsReply(reply any, n int, at time.Time) ([]limitsReply, error) {
 	vals, ok := reply.([]any)
@@ -684,13 +705,15 @@ func parseLimitsReply(reply any, n int, at time.Time) ([]limitsReply, error) {
 		wait, ok2 := vals[2+4*i].(int64)
 		third, ok3 := vals[3+4*i].(int64)
 		gid, ok4 := vals[4+4*i].(int64)
-		if !ok1 || !ok2 || !ok3 || !ok4 || code < 0 || code > 1 || wait < 0 {
+		if !ok1 || !ok2 || !ok3 || !ok4 || code < 0 || code > 2 || wait < 0 {
 			return nil, fmt.Errorf("malformed reply %v at request %d", reply, i)
 		}
-		r := limitsReply{refused: code == 1, wait: time.Duration(wait) * time.Microsecond, at: at}
-		if r.refused {
+		r := limitsReply{refused: code == 1, held: code == 2, wait: time.Duration(wait) * time.Microsecond, at: at}
+		switch {
+		case r.held:
+		case r.refused:
 			r.binding = int(third)
-		} else {
+		default:
 			r.turn, r.gid = third, gid
 		}
 		out[i] = r

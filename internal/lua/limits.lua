@@ -12,6 +12,8 @@
 --                id in every window it takes from), "k<seq>:<cost>" for a
 --                charge or a cap; unused by a bucket
 -- KEYS[2L+2]     the grant ids' counter of the key's hash tag
+-- KEYS[2L+3], KEYS[2L+4]  the request key's place in the fleet's priority
+--                order and its tenants' shares (see fairstate.lua)
 -- ARGV[1]  the operation: reserve, settle, learn or window
 -- ARGV[2]  L, the number of limits
 -- ARGV[3], ... four values a limit: its kind (0 a bucket, 1 a window), n
@@ -19,13 +21,18 @@
 --          unit or a window's length with its margin (us), and a bucket's
 --          margin (us: the refill it keeps in reserve; 0 for a window)
 -- then, for the operation (from ARGV[3+4L]):
---   reserve: a request after another: its L costs and its max wait (us;
---            -1 for none), served in order. Returns now (us), then four
---            values a request: code (0 = admitted after wait, 1 = refused:
---            wait exceeds its max wait), wait (us), its turn (us of server
---            time) or, refused, the limit that bound (1-based, 0 for the
---            hold), and its grant id (0 when refused). A refused request
---            takes nothing.
+--   reserve: a request after another: its L costs, its max wait (us;
+--            -1 for none), its priority level (0 low, 1 normal, 2 high;
+--            -1 for none), the share of a level held back (0: no order, no
+--            shares), its tenant, the tenant's weight, its work (us of the
+--            limit that it takes the most of) and the order's horizon (us),
+--            served in order. Returns now (us), then four values a
+--            request: code (0 = admitted after wait, 1 = refused: wait
+--            exceeds its max wait, 2 = held back by the fleet's order or
+--            shares: to come back after wait), wait (us), its turn (us of
+--            server time) or, refused, the limit that bound (1-based, 0 for
+--            the hold), and its grant id (0 when refused or held). A
+--            refused or held request takes nothing.
 --   settle:  the grant's turn (us), then a pair a limit: (the cost granted,
 --            the actual cost, at most n), then whether to replan (1 or 0:
 --            every limit a window, none a parent's), the channel and the
@@ -186,7 +193,8 @@ if op == 'reserve' then
   local out = {now}
   local k = at0
   local GID = KEYS[2 * L + 2]
-  while k + L <= #ARGV - 1 do
+  local fair = fairState(KEYS[2 * L + 3], KEYS[2 * L + 4])
+  while k + L + 6 <= #ARGV - 1 do
     local at, binding = math.max(now, hold), 0
     for i = 1, L do
       local c = tonumber(ARGV[k + i - 1])
@@ -197,13 +205,26 @@ if op == 'reserve' then
     end
     at = math.ceil(at) -- whole microseconds: a settlement finds the turn by it
     local maxWait = tonumber(ARGV[k + L])
+    local level, share, tenant = tonumber(ARGV[k + L + 1]), tonumber(ARGV[k + L + 2]), ARGV[k + L + 3]
+    local weight, work, horizon = tonumber(ARGV[k + L + 4]), tonumber(ARGV[k + L + 5]), tonumber(ARGV[k + L + 6])
     local wait = math.ceil(at - now)
+    local trial, v, back = nil, 0, 0
+    if not (maxWait >= 0 and wait > maxWait) and share > 0 then
+      trial = fair.trial()
+      v, back = fair.ask(trial, level, tenant, work, at, horizon, share)
+    end
     if maxWait >= 0 and wait > maxWait then
       table.insert(out, 1)
       table.insert(out, wait)
       table.insert(out, binding)
       table.insert(out, 0)
+    elseif v == 2 then
+      table.insert(out, 2)
+      table.insert(out, math.ceil(back - now))
+      table.insert(out, 0)
+      table.insert(out, 0)
     else
+      if trial then fair.grant(trial, level, tenant, weight, work) end
       local gid = redis.call('INCR', GID)
       for i = 1, L do
         local c = tonumber(ARGV[k + i - 1])
@@ -214,10 +235,11 @@ if op == 'reserve' then
       table.insert(out, at)
       table.insert(out, gid)
     end
-    k = k + L + 1
+    k = k + L + 7
   end
   redis.call('PEXPIRE', GID, tune.grantIDLife / 1000) -- a day after the last grant
   save()
+  fair.save()
   return out
 end
 

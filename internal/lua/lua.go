@@ -49,7 +49,16 @@ var control string
 // the rate the key has learnt, in the fleet's priority order and tenants'
 // shares (internal/fair's order.lua and shares.lua, the twins of its
 // Order and Shares).
-var Reserve = Rate + fair.OrderLua + fair.SharesLua + reserve
+var Reserve = Rate + Fair + reserve
+
+//go:embed fairstate.lua
+var fairstate string
+
+// Fair is the prelude's part that the reservation scripts share: the
+// fleet's priority order and tenants' shares (internal/fair's order.lua
+// and shares.lua, the twins of its Order and Shares), and a key's state of
+// them in Redis (fairstate.lua). It follows tune.lua.
+var Fair = fair.OrderLua + fair.SharesLua + fairstate
 
 // Control applies what a response said to a key's controller: the hold,
 // the shape of its quota, the advertised and discovered rate.
@@ -72,4 +81,4 @@ var limits string
 
 // Limits admits, settles and teaches the limits of a SharedLimits: every
 // limit of a request's key and its parents in one call.
-var Limits = now + tune + limits
+var Limits = now + tune + Fair + limits

@@ -123,7 +123,7 @@ func TestTuneNamesResolve(t *testing.T) {
 		t.Fatal("tune.lua defines nothing")
 	}
 	used := map[string]bool{}
-	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control, "limits.lua": limits} {
+	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control, "limits.lua": limits, "fairstate.lua": fairstate} {
 		for _, m := range regexp.MustCompile(`\btune\.(\w+)`).FindAllStringSubmatch(src, -1) {
 			used[m[1]] = true
 			if !defined[m[1]] {

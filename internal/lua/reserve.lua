@@ -117,23 +117,7 @@ end
 local recorded = false
 local probe = tonumber(ARGV[15])
 local horizon = tonumber(ARGV[19])
-local ord, ordered = nil, false
-local sst = nil -- the tenants' shares, read on first use
-local function sharesState()
-  if not sst then
-    sst = {}
-    local kv = redis.call('HGETALL', KEYS[5])
-    for j = 1, #kv - 1, 2 do sst[kv[j]] = tonumber(kv[j + 1]) end
-  end
-  return sst
-end
-local function orderState()
-  if not ord then
-    local f = redis.call('HMGET', KEYS[3], 'o0c', 'o1c', 'o0u', 'o1u')
-    ord = {c = {tonumber(f[1]) or 0, tonumber(f[2]) or 0}, u = {tonumber(f[3]) or 0, tonumber(f[4]) or 0}}
-  end
-  return {c = {ord.c[1], ord.c[2]}, u = {ord.u[1], ord.u[2]}}
-end
+local fair = fairState(KEYS[3], KEYS[5])
 local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
 for i = 20, #ARGV - 5, 6 do
   local cost = tonumber(ARGV[i])
@@ -158,14 +142,13 @@ for i = 20, #ARGV - 5, 6 do
     end
     if code ~= 0 then break end
     if share > 0 then
-      -- The fleet's order and shares, the order on a trial copy of its
-      -- state: kept when the request is held back, or once its turn is
-      -- final (a spent budget may move it below).
-      trial = orderState()
-      local v, back = ask(trial, sharesState(), level, tenant, cost * interval, at, now, horizon, share)
+      -- The fleet's order and shares (see fairstate.lua): the trial is
+      -- kept when the request is held back, or once its turn is final
+      -- (a spent budget may move it below).
+      trial = fair.trial()
+      local v, back = fair.ask(trial, level, tenant, cost * interval, at, horizon, share)
       if v == 2 then
         code, wait = 4, math.ceil(back - now)
-        ord, ordered = trial, true
         break
       end
     end
@@ -184,11 +167,7 @@ for i = 20, #ARGV - 5, 6 do
     changed = true
   end
   if code == 0 then
-    if trial then
-      ord, ordered = trial, true
-      shares_grant(sst, level, tenant, weight, cost * interval)
-      shares_prune(sst, now)
-    end
+    if trial then fair.grant(trial, level, tenant, weight, cost * interval) end
     tat = newtat
     changed = true
     grant(KEYS[3], at, cost)
@@ -215,22 +194,8 @@ for i = 20, #ARGV - 5, 6 do
   out[#out + 1] = wait
 end
 out[1] = math.max(0, math.ceil(pause - now))
-if ordered then
-  redis.call('HSET', KEYS[3], 'o0c', string.format('%.17g', ord.c[1]), 'o1c', string.format('%.17g', ord.c[2]),
-    'o0u', string.format('%.17g', ord.u[1]), 'o1u', string.format('%.17g', ord.u[2]))
-  -- The shares, rewritten whole: what prune dropped goes.
-  redis.call('DEL', KEYS[5])
-  local kv = {}
-  for f, x in pairs(sst) do
-    kv[#kv + 1] = f
-    kv[#kv + 1] = string.format('%.17g', x)
-  end
-  for j = 1, #kv, 2 * tune.hsetFields do -- (unpack's stack is bounded)
-    redis.call('HSET', KEYS[5], unpack(kv, j, math.min(j + 2 * tune.hsetFields - 1, #kv)))
-  end
-  if #kv > 0 then redis.call('PEXPIRE', KEYS[5], tune.ringLife / 1000) end
-end
-if recorded or reported or ordered then
+fair.save()
+if recorded or reported then
   -- The ring is kept for every key (a report may come for any), and
   -- lives at least as long as it reaches back; a budget until its reset.
   if recorded and redis.call('HEXISTS', KEYS[3], 'hist') == 0 then
