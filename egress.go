@@ -205,7 +205,14 @@ type LimitError struct {
 	// then what it waited, the least it would have (requests of a higher
 	// priority arriving later would have gone before it).
 	Queued bool
+
+	ordered bool // see Ordered
 }
+
+// Ordered reports whether the request went through its key's priority
+// queue (WithPriorities): Class is then its class, the zero Class a normal
+// request of tenant "".
+func (e *LimitError) Ordered() bool { return e.ordered }
 
 // Error describes the refusal.
 func (e *LimitError) Error() string {

@@ -291,43 +291,57 @@ func (t *queueTicket) measure() {
 // the caller hands on (handOn) once the limiter has granted or refused it,
 // and how long t queued. A request with nobody ahead goes at once.
 func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duration, error) {
-	g.mu.Lock()
-	k := g.key(t.key)
-	if lv := t.class.Priority.level(); k.straight(lv, g.leads) {
-		k.leads[lv]++
-		if k.q != nil {
-			t.measure()
-			k.q.Charge(lv, t.class.Tenant, t.work)
-		}
-		g.mu.Unlock()
-		return k, 0, nil
+	if t.depth > 0 && t.cost > t.depth {
+		// No queue holds it: the limiter says so (ErrCostTooHigh).
+		return nil, 0, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonCostTooHigh, Class: t.class}
 	}
-	if k.q == nil {
-		k.q = fair.New[*gateWait](3, g.p.MinShare, g.p.Weight)
+	k, e, since, err := g.enqueue(t)
+	if err != nil || e == nil {
+		return k, 0, err
 	}
-	now := (*g.clock).Now()
-	e := g.push(k, t)
-	b := waitBudget(ctx, t.maxWait)
-	if t.depth > 0 && k.sum(3) > t.depth && !g.pushOut(k, t) {
-		g.remove(k, e)
-		g.mu.Unlock()
-		return nil, 0, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
-	}
-	g.mu.Unlock()
-	queued, err := g.queue(ctx, k, e, t, b, now)
+	queued, err := g.queue(ctx, k, e, t, waitBudget(ctx, t.maxWait), since)
 	if err != nil {
 		return nil, queued, err
 	}
 	return k, queued, nil
 }
 
+// enqueue makes t a lead of its key and returns the key's place, when t
+// goes at once; else it queues t and returns its entry too, and when. The
+// caller's code it runs (a limiter's EffectiveRate, a tenant's Weight) runs
+// before the gate's state changes, and a panic there leaves the gate as it
+// was, unlocked.
+func (g *gate) enqueue(t *queueTicket) (*gateKey, *fair.Entry[*gateWait], time.Time, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := g.key(t.key)
+	if lv := t.class.Priority.level(); k.straight(lv, g.leads) {
+		if k.q != nil {
+			t.measure()
+			k.q.Charge(lv, t.class.Tenant, t.work)
+		}
+		k.leads[lv]++
+		return k, nil, time.Time{}, nil
+	}
+	if k.q == nil {
+		k.q = fair.New[*gateWait](3, g.p.MinShare, g.p.Weight)
+	}
+	now := (*g.clock).Now()
+	e := g.push(k, t)
+	if t.depth > 0 && k.sum(3) > t.depth && !g.pushOut(k, t) {
+		g.remove(k, e)
+		return nil, nil, now, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
+	}
+	return k, e, now, nil
+}
+
 // push queues t at k. g.mu is held.
 func (g *gate) push(k *gateKey, t *queueTicket) *fair.Entry[*gateWait] {
 	t.measure()
 	lv := t.class.Priority.level()
+	e := k.q.Push(lv, t.class.Tenant, t.work, &gateWait{turn: make(chan struct{}), cost: t.cost})
 	k.queued[lv] += t.cost
-	w := &gateWait{turn: make(chan struct{}), cost: t.cost}
-	return k.q.Push(lv, t.class.Tenant, t.work, w)
+	return e
 }
 
 // remove takes e out of k's queue and reports whether it was there.
@@ -474,23 +488,15 @@ func (t *Transport) enterGate(req *http.Request, key string, cost *Cost, g *Gran
 	}
 	tn := queueTicket{key: key, class: t.gate.p.classOf(req), cost: cost.Requests, maxWait: t.maxWait,
 		depth: depthOf(t.limiter), lim: t.limiter, costs: *cost}
-	var start time.Time
-	if t.obs.OnQueued != nil {
-		if start = now; start.IsZero() {
-			start = t.clock.Now()
-		}
-	}
 	a, err := t.enterTurn(ctx, &tn, cost, g, quick, now)
 	if err != nil {
-		if le := (*LimitError)(nil); errors.As(err, &le) && !le.Queued {
-			le.Class = tn.class // refused by the limiter, after its turn
+		if le := (*LimitError)(nil); errors.As(err, &le) {
+			le.Class, le.ordered = tn.class, true // (refused by the limiter, after its turn: its class too)
 		}
 		return a, err
 	}
-	if t.obs.OnQueued != nil {
-		if waited := a.sentAt.Sub(start); waited > 0 {
-			t.obs.OnQueued(key, tn.class, waited)
-		}
+	if a.waited > 0 && t.obs.OnQueued != nil {
+		t.obs.OnQueued(key, tn.class, a.waited)
 	}
 	return a, nil
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -651,4 +652,68 @@ func TestPrioritiesQueueIsNoRefusal(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// TestPrioritiesOnQueuedOnlyAfterAWait: a request granted at once is no
+// wait, also through a limiter other than the Transport's own TokenBucket
+// (the general path, where the clock is read after the grant).
+func TestPrioritiesOnQueuedOnlyAfterAWait(t *testing.T) {
+	var called atomic.Int64
+	lim, err := NewLimits(BucketOf(Requests, PerSecond(1000), 100))
+	require.NoError(t, err)
+	tr := mustNewTransport(t, roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		time.Sleep(time.Millisecond)
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	}), WithLimiter(lim), WithPriorities(Priorities{}),
+		WithObserver(Observer{OnQueued: func(string, Class, time.Duration) { called.Add(1) }}))
+	for range 20 {
+		require.NoError(t, sendClass(context.Background(), tr, high))
+	}
+	require.Zero(t, called.Load(), "20 requests within the burst: no wait")
+}
+
+// TestPrioritiesCostBeyondTheDepth: a request costing more than a leaky
+// bucket's queue holds is refused as the bucket refuses it, for its cost
+// (ErrCostTooHigh), not as a full queue.
+func TestPrioritiesCostBeyondTheDepth(t *testing.T) {
+	lb, err := NewLeakyBucket(PerSecond(10), 2)
+	require.NoError(t, err)
+	tr := mustNewTransport(t, roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	}), WithLimiter(lb), WithPriorities(Priorities{}), WithCostFunc(func(*http.Request) int { return 3 }))
+	err = sendClass(context.Background(), tr, low)
+	require.ErrorIs(t, err, ErrCostTooHigh)
+	var le *LimitError
+	require.ErrorAs(t, err, &le)
+	require.Equal(t, low, le.Class)
+	require.False(t, le.Queued)
+}
+
+// TestPrioritiesPanicInWeight: a Weight that panics panics the request
+// that called it, and leaves the gate as it was: the other requests of
+// the key go on.
+func TestPrioritiesPanicInWeight(t *testing.T) {
+	weight := func(tenant string) float64 {
+		if tenant == "bad" {
+			panic("bad weight")
+		}
+		return 1
+	}
+	r := newPrioRig(t, WithPriorities(Priorities{Weight: weight}))
+	ctx := context.Background()
+	r.send(ctx, "first", low)
+	recvWithin(t, r.done)
+	r.send(ctx, "L1", low) // the lead
+	waitTimers(t, r.fc, 1)
+	r.send(ctx, "L2", low)
+	r.waitQueued(1)
+	req, err := http.NewRequestWithContext(WithClass(ctx, Class{Tenant: "bad"}), http.MethodGet, "http://api.test/v1", nil)
+	require.NoError(t, err)
+	require.PanicsWithValue(t, "bad weight", func() { _, _ = r.tr.RoundTrip(req) })
+	require.Equal(t, 1, r.queued())
+	r.send(ctx, "N", Class{})
+	r.waitQueued(2)
+	r.step(1, prioResult{name: "L1"})
+	r.step(1, prioResult{name: "N"})
+	r.step(1, prioResult{name: "L2"})
 }

@@ -231,6 +231,7 @@ func (t *Transport) quickBucket() *TokenBucket {
 type passage struct {
 	release func() // frees the slot; nil when there is none
 	sentAt  time.Time
+	waited  time.Duration // for a slot, a hold and the limiter (with what it queued before: see enter)
 	bk      *tokenBucket
 }
 
@@ -264,13 +265,14 @@ func (t *Transport) enter(ctx context.Context, key string, cost *Cost, g *Grant,
 	if err != nil {
 		return a, err
 	}
-	if err := t.admit(ctx, key, cost, queued+waited, g); err != nil {
+	waited, err = t.admit(ctx, key, cost, queued+waited, g)
+	if err != nil {
 		if release != nil {
 			release()
 		}
 		return a, err
 	}
-	a.release, a.sentAt = release, t.clock.Now()
+	a.release, a.sentAt, a.waited = release, t.clock.Now(), waited
 	return a, nil
 }
 
@@ -290,7 +292,7 @@ func (t *Transport) enterQuick(ctx context.Context, tb *TokenBucket, key string,
 	if waited += queued; waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
 	}
-	a := passage{sentAt: g.at, bk: g.bk}
+	a := passage{sentAt: g.at, bk: g.bk, waited: waited}
 	if g.delay != 0 || a.sentAt.IsZero() {
 		a.sentAt = t.clock.Now()
 	}
@@ -363,18 +365,19 @@ func (t *Transport) takeSlot(ctx context.Context, key string, queued time.Durati
 }
 
 // admit waits for the limiter to grant cost to key, within the context's
-// deadline and what is left of the maximum wait after waited. A limiter
+// deadline and what is left of the maximum wait after waited, and returns
+// the whole wait, waited with it. A limiter
 // that is a Learner holds its keys itself; otherwise the Transport waits
 // out its own hold of the key first.
-func (t *Transport) admit(ctx context.Context, key string, cost *Cost, waited time.Duration, g *Grant) error {
+func (t *Transport) admit(ctx context.Context, key string, cost *Cost, waited time.Duration, g *Grant) (time.Duration, error) {
 	for {
 		if t.holds != nil {
 			if d, now := t.holds.remaining(key); d > 0 {
 				if e := waitBudget(ctx, remaining(t.maxWait, waited)).refuse(now, key, cost.Requests, d); e != nil {
-					return e
+					return waited, e
 				}
 				if err := sleep(ctx, t.clock, d); err != nil {
-					return err
+					return waited, err
 				}
 				waited += d
 			}
@@ -384,7 +387,7 @@ func (t *Transport) admit(ctx context.Context, key string, cost *Cost, waited ti
 		}
 		w, err := t.wait(ctx, key, cost, remaining(t.maxWait, waited), g)
 		if err != nil {
-			return err
+			return waited, err
 		}
 		waited += w
 		if t.holds == nil {
@@ -400,7 +403,7 @@ func (t *Transport) admit(ctx context.Context, key string, cost *Cost, waited ti
 	if waited > 0 && t.obs.OnWait != nil {
 		t.obs.OnWait(key, waited)
 	}
-	return nil
+	return waited, nil
 }
 
 // wait asks the limiter for cost: in dimensions when the Transport counts

@@ -81,7 +81,7 @@ func (m *Metrics) onQueued(key string, c egress.Class, seconds float64) {
 // Transport orders by priority (the LimitError carries the class).
 func (m *Metrics) onClassRefused(key string, err error, why string) {
 	var le *egress.LimitError
-	if !errors.As(err, &le) || !le.Queued && le.Class == (egress.Class{}) {
+	if !errors.As(err, &le) || !le.Ordered() {
 		return
 	}
 	s := m.classes.set(m.guard.series(key).key, le.Class, why)

@@ -350,31 +350,3 @@ func (q *Queue[T]) Last(lv int) *Entry[T] {
 	}
 	return nil
 }
-
-// Ahead returns a lower bound of the work that goes before e: its own
-// tenant's waiters before it in its level, and, of the levels above, what
-// its level's share does not let it pass. It is 0 once e has left.
-func (q *Queue[T]) Ahead(e *Entry[T]) float64 {
-	if e == nil || !e.queued {
-		return 0
-	}
-	l := &q.levels[e.Level]
-	own := 0.0
-	for _, w := range l.tenants[e.Tenant].waiters {
-		if w == e {
-			break
-		}
-		own += w.Work
-	}
-	above := 0.0
-	for i := e.Level + 1; i < len(q.levels); i++ {
-		above += q.levels[i].queued
-	}
-	if s := q.share; s > 0 {
-		// Its level goes on credit: before e, higher grants H earn it
-		// s·H, and its own grants of own earn s·own and spend own, so e
-		// goes once credit + s·(H + own) − own covers e.Work.
-		above = min(above, max(0, (own*(1-s)+e.Work-l.credit)/s))
-	}
-	return own + above
-}

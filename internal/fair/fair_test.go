@@ -880,8 +880,7 @@ func propTenant(name string) int { return slices.Index(propTenants, name) }
 // TestRandomSchedules holds the bookkeeping rules on random schedules of
 // Push, Remove and Pop: every entry leaves exactly once, by Pop or by
 // Remove; Len counts what is left; a tenant's waiters in a level go in
-// arrival order; share 0 never passes a higher waiter; Ahead is 0 once
-// gone and at least the own work before; Last is the latest arrival of
+// arrival order; share 0 never passes a higher waiter; Last is the latest arrival of
 // the lowest level below its argument; and memory: once drained a
 // level keeps at most the tenants it ever had, and once they are all
 // overtaken, none.
@@ -975,9 +974,6 @@ func randomSchedule(cfg propConfig, seed uint64) error {
 		*es = (*es)[1:]
 		state[e.Value] = popped
 		counts[1]++
-		if a := q.Ahead(e); a != 0 {
-			return false, fmt.Errorf("op %d: Ahead of a popped entry = %g", op, a)
-		}
 		return true, nil
 	}
 	for op := range 500 {
@@ -1018,9 +1014,6 @@ func randomSchedule(cfg propConfig, seed uint64) error {
 				state[e.Value] = removed
 				counts[2]++
 			}
-			if a := q.Ahead(e); a != 0 {
-				return fmt.Errorf("op %d: Ahead of a gone entry = %g", op, a)
-			}
 		}
 		if err := check(op); err != nil {
 			return err
@@ -1038,15 +1031,6 @@ func randomSchedule(cfg propConfig, seed uint64) error {
 		}
 		if got := q.Last(lv); got != want {
 			return fmt.Errorf("op %d: Last(%d) = %+v, want %+v", op, lv, got, want)
-		}
-		// Ahead counts at least the own waiters before (of one tenant
-		// and level a turn, to keep it quick).
-		own := 0.0
-		for _, e := range fifo[rng.IntN(cfg.levels)][rng.IntN(len(propTenants))] {
-			if a := q.Ahead(e); a < own-1e-9 {
-				return fmt.Errorf("op %d: Ahead(%d of %s at %d) = %g < own %g", op, e.Value, e.Tenant, e.Level, a, own)
-			}
-			own += e.Work
 		}
 	}
 	// Drain: every entry leaves exactly once.
@@ -1189,10 +1173,10 @@ func TestMemoryWhileAlwaysBusy(t *testing.T) {
 	}
 }
 
-// TestAheadTenantRemembered holds the memory rule's other side: a tenant
+// TestTenantRememberedAhead holds the memory rule's other side: a tenant
 // that went ahead and left is kept, through a crowd of newcomers (enough
 // to make the level drop the ones it can), and comes back still ahead.
-func TestAheadTenantRemembered(t *testing.T) {
+func TestTenantRememberedAhead(t *testing.T) {
 	for _, crowd := range []int{10, 100} {
 		t.Run(fmt.Sprint(crowd), func(t *testing.T) {
 			q := New[string](1, 0, nil)
@@ -1282,169 +1266,6 @@ func TestCreditKeptWhenNextWaiterChanges(t *testing.T) {
 		pops("y1", "y2", "y3"),          // 9 - 0.3 + 0.15 = 8.85 left
 		pops("h20", "h21", "h22", "x1"), // 10.35 covers x1
 	))
-}
-
-// TestAheadTopLevel holds Ahead at the top level with no other tenant:
-// the work of its tenant's waiters before it, shrinking as they go, and 0
-// once it has gone.
-func TestAheadTopLevel(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		levels int
-		share  float64
-		before []float64
-	}{
-		{name: "alone", levels: 1, before: nil},
-		{name: "behind three", levels: 1, before: []float64{1, 3, 10}},
-		{name: "top of three levels", levels: 3, share: 0.2, before: []float64{2.5, 0, 4}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			q := New[string](tc.levels, tc.share, nil)
-			top := tc.levels - 1
-			for _, w := range tc.before {
-				q.Push(top, "A", w, "before")
-			}
-			e := q.Push(top, "A", 7, "e")
-			if tc.levels > 1 {
-				q.Push(0, "B", 100, "low") // below, and too heavy to pass it
-			}
-			own := 0.0
-			for _, w := range tc.before {
-				own += w
-			}
-			for range tc.before {
-				require.InDelta(t, own, q.Ahead(e), 1e-9)
-				p, ok := mustPop(t, q)
-				require.True(t, ok)
-				require.Equal(t, "before", p.Value)
-				own -= p.Work
-			}
-			require.InDelta(t, 0, q.Ahead(e), 1e-9)
-			p, _ := mustPop(t, q)
-			require.Same(t, e, p)
-			require.Zero(t, q.Ahead(e))
-		})
-	}
-}
-
-// TestAheadBelow holds Ahead below the top: with share 0 all the work
-// above is ahead; with a share, only part of it when there is more above
-// than the share lets it pass (but never more than in fact goes first);
-// and 0 once it has gone.
-func TestAheadBelow(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		share float64
-		above int  // unit waiters above
-		all   bool // all the work above is ahead
-	}{
-		{name: "share 0", share: 0, above: 50, all: true},
-		{name: "share 0.1, few above", share: 0.1, above: 5, all: true},
-		{name: "share 0.1, many above", share: 0.1, above: 80},
-		{name: "share 0.5, many above", share: 0.5, above: 50},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			q := New[string](2, tc.share, nil)
-			for range tc.above {
-				q.Push(1, "H", 1, "h")
-			}
-			q.Push(0, "A", 2, "a")
-			q.Push(0, "A", 1, "a")
-			e := q.Push(0, "A", 1, "e")
-			own, above := 3.0, float64(tc.above)
-			ahead := q.Ahead(e)
-			if tc.all {
-				require.InDelta(t, own+above, ahead, 1e-9)
-			} else {
-				require.Greater(t, ahead, own)
-				require.Less(t, ahead, own+above)
-			}
-			went := 0.0
-			for i := 0; ; i++ {
-				require.Less(t, i, tc.above+3, "e never popped")
-				p, ok := mustPop(t, q)
-				require.True(t, ok)
-				if p == e {
-					break
-				}
-				went += p.Work
-			}
-			require.LessOrEqual(t, ahead, went+1e-9, "work that went before it")
-			require.Zero(t, q.Ahead(e))
-			require.False(t, q.Remove(e))
-		})
-	}
-}
-
-// TestAheadLowerBound holds that Ahead is a lower bound: with no push
-// after e, the work popped before e is at least Ahead(e), as computed
-// when e was pushed and at every pop after; on step tables and on random
-// schedules.
-func TestAheadLowerBound(t *testing.T) {
-	// measure pops q until e, checking Ahead(e) against the work still to
-	// go before it at every turn.
-	measure := func(q *Queue[int], e *Entry[int]) error {
-		ahead := []float64{q.Ahead(e)}
-		var popped []float64
-		for n := q.Len(); ; n-- {
-			p, ok, err := tryPop(q)
-			if err != nil {
-				return err
-			}
-			if !ok || n == 0 {
-				return fmt.Errorf("e never popped")
-			}
-			if p == e {
-				break
-			}
-			popped = append(popped, p.Work)
-			ahead = append(ahead, q.Ahead(e))
-		}
-		for i := range ahead {
-			after := 0.0
-			for _, w := range popped[i:] {
-				after += w
-			}
-			if after < ahead[i]-1e-9 {
-				return fmt.Errorf("after %d pops: Ahead %g, but %g went before it (works %v)", i, ahead[i], after, popped)
-			}
-		}
-		return nil
-	}
-	t.Run("level holding credit", func(t *testing.T) {
-		q := New[int](2, 0.1, nil)
-		for range 100 {
-			q.Push(1, "H", 1, 0)
-		}
-		q.Push(0, "A", 1, 0)
-		for range 9 { // A's level earns 0.9
-			mustPop(t, q)
-		}
-		e := q.Push(0, "A", 1, 1)
-		require.NoError(t, measure(q, e))
-	})
-	for _, share := range []float64{0, 0.1, 0.25, 0.5} {
-		t.Run(fmt.Sprint("random, share ", share), func(t *testing.T) {
-			for seed := range uint64(200) {
-				rng := rand.New(rand.NewPCG(seed, 5))
-				q := New[int](3, share, nil)
-				var all []*Entry[int]
-				for range 20 + rng.IntN(100) {
-					switch r := rng.IntN(10); {
-					case r < 6:
-						all = append(all, q.Push(rng.IntN(3), propTenants[rng.IntN(3)], workFrom(1, 3, 10)(rng), 0))
-					case r < 9:
-						_, _, err := tryPop(q)
-						require.NoError(t, err, "seed %d", seed)
-					case len(all) > 0:
-						q.Remove(all[rng.IntN(len(all))])
-					}
-				}
-				e := q.Push(rng.IntN(3), propTenants[rng.IntN(3)], workFrom(1, 3, 10)(rng), 1)
-				require.NoError(t, measure(q, e), "seed %d", seed)
-			}
-		})
-	}
 }
 
 // BenchmarkPushPop measures one grant and one arrival in a steady state
