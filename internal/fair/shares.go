@@ -87,19 +87,22 @@ func (s Shares) Grant(lv int, tenant string, weight, work float64) {
 	s[tagField(lv, tenant)] = tag + work/weight
 }
 
-// Prune drops the tenants, of any level, that are not waiting at now and
-// not ahead of their level's virtual time.
+// Prune drops the marks of the tenants, of any level, that are not
+// waiting at now, and those tenants when they are not ahead of their
+// level's virtual time.
 func (s Shares) Prune(now float64) {
 	for f, tag := range s {
 		if f[0] != 'f' {
 			continue
 		}
 		lv, tenant, _ := strings.Cut(f[1:], ":")
-		if s["u"+lv+":"+tenant] > now || tag > s["v"+lv] {
+		if s["u"+lv+":"+tenant] > now {
 			continue
 		}
-		delete(s, f)
 		delete(s, "u"+lv+":"+tenant)
+		if tag <= s["v"+lv] {
+			delete(s, f)
+		}
 	}
 }
 
@@ -108,9 +111,14 @@ func (s Shares) Prune(now float64) {
 // share of a level held back (0: no order, no shares; every request
 // goes). A request is held back for a horizon, o untouched, when another
 // tenant of its level waits more than a horizon's work behind its own;
-// else Order.Decide on o says, and a request it holds back marks its
-// tenant waiting until a horizon past its come-back. A request that goes
-// is granted by the caller (Shares.Grant), once its turn is final.
+// else Order.Decide on o says. A request it holds back marks its tenant
+// waiting until a horizon past its come-back, and one it lets go until a
+// horizon past its turn (a tenant's requests come one after another: in
+// the turns between, one that came back after a grant within the horizon
+// was lifted to the virtual time, and lost what it was owed). A light
+// tenant's requests, lifted on arrival, are not behind, and hold nobody
+// back. A request that goes is granted by the caller (Shares.Grant), once
+// its turn is final.
 func Ask(o *Order, s Shares, lv int, tenant string, work, at, now, horizon, share float64) (Verdict, float64) {
 	if share <= 0 {
 		return o.Decide(lv, work, at, now, horizon, share)
@@ -123,6 +131,10 @@ func Ask(o *Order, s Shares, lv int, tenant string, work, at, now, horizon, shar
 	v, back := o.Decide(lv, work, at, now, horizon, share)
 	if v == Later {
 		s.Wait(lv, tenant, back+horizon)
+	} else {
+		// Its next request, if it has one, comes once this one is
+		// sent: till then it waits, as one held back does.
+		s.Wait(lv, tenant, at+horizon)
 	}
 	return v, back
 }

@@ -42,9 +42,9 @@ local function shares_prune(st, now)
   for f, tag in pairs(st) do
     if string.sub(f, 1, 1) == 'f' then
       local lv, tenant = string.match(f, '^f(%d+):(.*)$')
-      if not ((st['u' .. lv .. ':' .. tenant] or 0) > now or tag > (st['v' .. lv] or 0)) then
-        drop[#drop + 1] = f
+      if (st['u' .. lv .. ':' .. tenant] or 0) <= now then
         drop[#drop + 1] = 'u' .. lv .. ':' .. tenant
+        if tag <= (st['v' .. lv] or 0) then drop[#drop + 1] = f end
       end
     end
   end
@@ -65,6 +65,8 @@ local function ask(ord, st, lv, tenant, work, at, now, horizon, share)
   local v, back = order(ord, lv, work, at, now, horizon, share)
   if v == 2 then
     shares_wait(st, lv, tenant, back + horizon)
+  else
+    shares_wait(st, lv, tenant, at + horizon)
   end
   return v, back
 end

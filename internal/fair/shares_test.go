@@ -1,7 +1,10 @@
 package fair
 
 import (
+	"fmt"
 	"maps"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -26,6 +29,7 @@ type tenantSim struct {
 }
 
 type tenantReq struct {
+	lv      int
 	tenant  string
 	weight  float64
 	spacing float64
@@ -47,14 +51,14 @@ func (s *tenantSim) run(rs []*tenantReq, end float64) {
 		s.asks++
 		at := max(now, s.tat)
 		trial := s.o
-		v, back := Ask(&trial, s.sh, 1, r.tenant, s.interval, at, now, s.horizon, s.share)
+		v, back := Ask(&trial, s.sh, r.lv, r.tenant, s.interval, at, now, s.horizon, s.share)
 		if v == Later {
 			s.o = trial
 			r.next = back
 			continue
 		}
 		s.o = trial
-		s.sh.Grant(1, r.tenant, r.weight, s.interval)
+		s.sh.Grant(r.lv, r.tenant, r.weight, s.interval)
 		s.sh.Prune(now)
 		s.tat = at + s.interval
 		s.granted[r.tenant]++
@@ -68,7 +72,7 @@ func (s *tenantSim) run(rs []*tenantReq, end float64) {
 func tenantReqs(tenant string, n int, spacing, weight float64) []*tenantReq {
 	var out []*tenantReq
 	for i := range n {
-		out = append(out, &tenantReq{tenant: tenant, weight: weight, spacing: spacing, next: float64(i) * 1000})
+		out = append(out, &tenantReq{lv: 1, tenant: tenant, weight: weight, spacing: spacing, next: float64(i) * 1000})
 	}
 	return out
 }
@@ -166,4 +170,80 @@ func TestSharesSteps(t *testing.T) {
 	require.Equal(t, 100.0, s[waitField(1, "B")])
 	s.Arrive(1, "B", 100)
 	require.NotContains(t, s, waitField(1, "B"), "its mark over")
+}
+
+// TestFleetRandomSchedules: on random fleets (requesters of random levels,
+// tenants and weights, backlogged or offering a pace), asking through Ask
+// as the shared limiters' scripts do: every turn is used while a
+// requester is backlogged; each level below the highest with a backlogged
+// requester keeps its share of the turns; within a level, the backlogged
+// tenants share what the paced ones leave in proportion to their weights;
+// and once every requester has stopped and the marks have ended, the
+// state keeps no tenant that is not ahead.
+func TestFleetRandomSchedules(t *testing.T) {
+	const end = 30e6 // 30 s of a 100/s limit
+	for seed := range uint64(16) {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		s := &tenantSim{sh: Shares{}, interval: 10_000, horizon: 20_000, share: []float64{0.05, 0.1, 0.2}[rng.IntN(3)], granted: map[string]int{}}
+		var rs []*tenantReq
+		backlogged := map[string]float64{} // tenant ("<level>/<name>") to weight
+		levels := map[int]bool{}
+		for lv := range 3 {
+			for tn := range rng.IntN(3) {
+				name := fmt.Sprintf("%d/t%d", lv, tn)
+				w := []float64{1, 1, 2, 3}[rng.IntN(4)]
+				n := 1 + rng.IntN(5) // instances
+				spacing := 0.0
+				if rng.IntN(3) == 0 {
+					spacing = float64(n) * 1e6 / (1 + rng.Float64()*8) // 1 to 9 requests a second in all
+				} else {
+					backlogged[name], levels[lv] = w, true
+				}
+				for i := range n {
+					rs = append(rs, &tenantReq{lv: lv, tenant: name, weight: w, spacing: spacing, next: float64(rng.IntN(50_000) + i)})
+				}
+			}
+		}
+		if len(backlogged) == 0 {
+			continue
+		}
+		s.run(rs, end)
+		total := 0
+		byLevel := [3]int{}
+		for name, n := range s.granted {
+			total += n
+			byLevel[name[0]-'0'] += n
+		}
+		require.InDelta(t, end/s.interval, float64(total), float64(len(rs)), "seed %d: every turn used", seed)
+		top := 0
+		for lv := range levels {
+			top = max(top, lv)
+		}
+		for lv := range levels {
+			if lv < top {
+				assert.GreaterOrEqual(t, float64(byLevel[lv]), 0.9*s.share*float64(total), "seed %d: level %d's share %v", seed, lv, s.share)
+			}
+		}
+		// Within a level, the backlogged tenants' turns over their
+		// weights, within 15% of each other.
+		for lv := range 3 {
+			lo, hi := math.Inf(1), 0.0
+			for name, w := range backlogged {
+				if int(name[0]-'0') == lv {
+					x := float64(s.granted[name]) / w
+					lo, hi = min(lo, x), max(hi, x)
+				}
+			}
+			if hi > 0 {
+				assert.GreaterOrEqual(t, lo, 0.85*hi, "seed %d: level %d's backlogged tenants by weight: %v (weights %v, share %v)", seed, lv, s.granted, backlogged, s.share)
+			}
+		}
+		// Everyone gone: past the marks, only tenants ahead are kept.
+		s.sh.Prune(end + 10*s.horizon)
+		for f := range s.sh {
+			if f[0] == 'u' {
+				t.Errorf("seed %d: a mark left: %s", seed, f)
+			}
+		}
+	}
 }
