@@ -298,11 +298,16 @@ func WithResetUnit(host, header string, unit ResetUnit) Option {
 // It works with every Limiter. The order is kept in the Transport, one
 // queue a key: a request waits there for its turn, then for the limiter
 // (and the in-flight cap) as it does without priorities, one request of
-// the key at a time, and a high-priority one beside it. A turn the limiter
+// the key at a time (two with a shared limiter), up to four high-priority
+// ones beside it, and a lower one whose share is due. A turn the limiter
 // has given is not displaced: a high-priority request arriving takes the
-// next turn from the limiter at once, behind at most the one given (in a
-// fleet, behind at most one of each instance). With a shared limiter, each
-// instance orders its own requests.
+// next turn from the limiter at once, behind at most those given. The
+// shared limiters (SharedTokenBucket, SharedLeakyBucket, SharedLimits)
+// keep one order for the fleet in Redis: a request below the highest
+// priority takes a turn no further than 20 ms ahead, so that a higher one
+// of any instance waits behind at most 20 ms of lower turns; the minimum
+// shares and the tenants' fair shares hold across the instances (see the
+// README's "Who goes first").
 //
 // A request that waits in the queue keeps its deadline and maximum wait.
 // Its wait there is not known in advance (a higher priority arriving later
