@@ -105,15 +105,7 @@ func (p *Priorities) validate() error {
 }
 
 // weightOf returns tenant's weight (see Weight).
-func (p *Priorities) weightOf(tenant string) float64 {
-	if p.Weight == nil {
-		return 1
-	}
-	if w := p.Weight(tenant); w > 0 && !math.IsInf(w, 0) {
-		return w
-	}
-	return 1
-}
+func (p *Priorities) weightOf(tenant string) float64 { return fair.WeightOf(p.Weight, tenant) }
 
 // classOf returns req's Class: its context's, else the Classify of p.
 func (p *Priorities) classOf(req *http.Request) Class {
@@ -128,17 +120,18 @@ func (p *Priorities) classOf(req *http.Request) Class {
 
 // gate is the Transport's priority queues, one a key. A request with
 // the limiter is a lead of its key. A request goes to the limiter at once
-// when its key has no lead, or when it is a high one, no high one waits,
-// and fewer than highLeads are with the limiter: the lower lead's turn,
-// already given, is not displaced, and the high request reserves its own
-// turn beside it rather than after it is granted (in a fleet, a turn may
-// be a turn of each instance away). Otherwise it waits in the key's
-// fair.Queue; when a lead is done, the next waiter goes when no lead is
-// left, when it is of a higher priority than every lead left, when the
-// queue chose it on its level's credit, or when it is a high one with room
-// beside the high leads. (Requests side by side while the
-// limit does not bind would be cheaper, but a lead does not tell whether
-// it waits until it is granted, and every request arriving meanwhile would
+// when its key has no lead; when it has fewer than g.leads (one; two for a
+// shared limiter, see fleetLeads) and nobody of the request's level or
+// above waits; or when it is a high one, no high one waits, and fewer than
+// highLeads are with the limiter: a lower lead's turn, already given, is
+// not displaced, and the high request reserves its own turn beside it
+// rather than after it is granted. Otherwise it waits in the key's
+// fair.Queue; when a lead is done, the next waiter goes when there is
+// room for a lead, when it is of a higher priority than every lead left,
+// when the queue chose it on its level's credit, or when it is a high one
+// with room beside the high leads. (Requests side by side while the limit
+// does not bind would be cheaper, but a lead does not tell whether it
+// waits until it is granted, and every request arriving meanwhile would
 // pass the queue.)
 type gate struct {
 	p     Priorities
@@ -178,8 +171,9 @@ func (k *gateKey) topLead() int {
 const highLeads = 4
 
 // straight reports whether a request of level lv goes to the limiter at
-// once: when the key has no lead; or, a high request, when fewer than
-// highLeads high ones are with the limiter and none waits.
+// once: when the key has no lead, or fewer than most and nobody of level
+// lv or above waits; or, a high request, when fewer than highLeads high
+// ones are with the limiter and none waits.
 func (k *gateKey) straight(lv, most int) bool {
 	if n := k.total(); n == 0 || n < most && (k.q == nil || !k.q.Waiting(lv)) {
 		return true
@@ -188,9 +182,10 @@ func (k *gateKey) straight(lv, most int) bool {
 	return lv == high && k.leads[high] < highLeads && (k.q == nil || !k.q.Waiting(lv))
 }
 
-// goes reports whether the waiter e, next in the queue, goes now: above
-// every lead; on its level's credit (its minimum share, which leads above
-// it do not hold back); or a high one with room beside the high leads.
+// goes reports whether the waiter e, next in the queue, goes now: with
+// fewer than most leads; above every lead; on its level's credit (its
+// minimum share, which leads above it do not hold back); or a high one
+// with room beside the high leads.
 func (k *gateKey) goes(e *fair.Entry[*gateWait], byCredit bool, most int) bool {
 	high := len(k.leads) - 1
 	return e.Level > k.topLead() || byCredit || k.total() < most || e.Level == high && k.leads[high] < highLeads

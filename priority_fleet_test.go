@@ -76,6 +76,34 @@ func TestOrderInTheReserveScript(t *testing.T) {
 	assert.Equal(t, []int{0, 0, 0, 4}, codes, "held back, no credit banked")
 }
 
+// TestOrderInThePacersScript: a SharedLeakyBucket's turns are held back
+// alike, and a request held back takes no place in its queue (fake clock).
+func TestOrderInThePacersScript(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	fc := clock.NewFake(time.Now())
+	l, err := NewSharedLeakyBucket(rdb, "order-pacer", PerSecond(100), 4, onClock(fc), WithTransitMargin(0))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	id := keyID("api.test")
+	ask := func(ft fleetTurn) reserved {
+		t.Helper()
+		got, _, err := l.runReserve(id, []*pending{{cost: 1, turn: ft, res: make(chan reserved, 1)}})
+		require.NoError(t, err)
+		return got[0].clean()
+	}
+	ms := time.Millisecond
+	hi, lo := fleetTurn{level: 2, share: 0.1, weight: 1}, fleetTurn{level: 0, share: 0.1, weight: 1}
+	require.Equal(t, reserved{}, ask(lo))
+	require.Equal(t, reserved{wait: 10 * ms}, ask(lo))
+	require.Equal(t, reserved{wait: 20 * ms}, ask(lo))
+	for range 3 {
+		require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask(lo), "30 ms away: held back, not queued")
+	}
+	require.Equal(t, reserved{wait: 30 * ms}, ask(hi), "the queue holds 4: the held ones took no place")
+	require.Equal(t, reserved{wait: 40 * ms}, ask(hi))
+	require.Equal(t, reserved{code: 2, wait: 50 * ms}, ask(hi), "full: the turns at 10 to 40 ms")
+}
+
 // TestSharesInTheReserveScript: a tenant more than a horizon's work ahead
 // of another that waits (held back by the horizon) is held back in turn,
 // for a horizon, and the one waiting takes the next turn (fake clock).

@@ -421,7 +421,7 @@ const (
 )
 
 // hsetFields is how many fields a script writes to a hash in one HSET
-// (reserve.lua's tenants' shares): Lua's unpack, which spreads them into
+// (fairstate.lua: the tenants' shares): Lua's unpack, which spreads them into
 // the call's arguments, is bounded by the interpreter's stack.
 const hsetFields = 500
 

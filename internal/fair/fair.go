@@ -131,11 +131,15 @@ func (q *Queue[T]) Push(lv int, tenantName string, work float64, v T) *Entry[T] 
 	return e
 }
 
-func (q *Queue[T]) weightOf(name string) float64 {
-	if q.weight == nil {
+func (q *Queue[T]) weightOf(name string) float64 { return WeightOf(q.weight, name) }
+
+// WeightOf returns tenant's weight by weight: 1 when weight is nil, or
+// when it is not a positive finite number.
+func WeightOf(weight func(tenant string) float64, tenant string) float64 {
+	if weight == nil {
 		return 1
 	}
-	if w := q.weight(name); w > 0 && !math.IsInf(w, 0) {
+	if w := weight(tenant); w > 0 && !math.IsInf(w, 0) {
 		return w
 	}
 	return 1
