@@ -62,7 +62,7 @@ type reserveArgv struct {
 	channel   string `argv:"16"`
 	id        string `argv:"17"`
 	read      int64  `argv:"18"` // us since the report was read; -1 for none
-	horizon   int64  `argv:"19"` // us: the fleet's priority order's (fleetHorizon)
+	horizon   int64  `argv:"19"` // us: the fleet's priority order's (fleetHorizon); 0 when no request is ordered
 }
 
 // budgetArgv is a budget report, as reserve.lua reads it (ARGV[7] to
@@ -82,12 +82,18 @@ type budgetArgv struct {
 // its max wait (us; -1 for none), and its place in the fleet's priority
 // order and tenants' shares (see fleetTurn).
 type reserveRequest struct {
-	cost    int     `argv:"20"`
-	maxWait int64   `argv:"21"`
-	level   int     `argv:"22"` // -1 for none
-	share   float64 `argv:"23"` // 0: no order, no shares
-	tenant  string  `argv:"24"`
-	weight  float64 `argv:"25"`
+	reservePair
+	level  int     `argv:"22"` // -1 for none
+	share  float64 `argv:"23"` // 0: no order, no shares
+	tenant string  `argv:"24"`
+	weight float64 `argv:"25"`
+}
+
+// reservePair is a request's group of reserve.lua's ARGV when no request
+// of the call is ordered (horizon 0): its cost and max wait.
+type reservePair struct {
+	cost    int   `argv:"20"`
+	maxWait int64 `argv:"21"`
 }
 
 // heartbeatArgv is heartbeat.lua's ARGV: an instance of the fleet says it

@@ -434,13 +434,20 @@ func keyID(key string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// redisKeys returns the bucket, pause, learnt-state, (for a pacer) queue
-// and tenants' shares keys of a key id. They share the hash tag {name:id}, so a
+// redisKeys returns the bucket, pause, learnt-state and (for a pacer)
+// queue keys of a key id. They share the hash tag {name:id}, so a
 // script's keys share a Cluster slot, while different keys spread over
 // the Cluster.
 func (s *shared) redisKeys(id string) []string {
 	tag := "egress:{" + s.name + ":" + id + "}:"
-	return []string{tag + s.shape, tag + "pause", tag + "rate", tag + "queue", tag + "shares"}
+	return append(make([]string, 0, 5), tag+s.shape, tag+"pause", tag+"rate", tag+"queue")
+}
+
+// sharesKey returns the key of the tenants' shares of a key id, which a
+// reservation touches only when a request of it is ordered (see
+// fleetTurn).
+func (s *shared) sharesKey(id string) string {
+	return "egress:{" + s.name + ":" + id + "}:shares"
 }
 
 // ordersFleet marks the shared limiters, which keep the fleet's priority

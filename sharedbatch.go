@@ -365,7 +365,7 @@ func (s *shared) callBatch(id string, l *batchLane, batch []*pending) {
 // returns each request's result and the key's hold left, as the script
 // saw it.
 func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Duration, error) {
-	args, first := s.reserveArgs(id, batch)
+	keys, args, first := s.reserveArgs(id, batch)
 	s.roundTrips.Add(1)
 	var reply any
 	beat := s.beatDue()
@@ -376,10 +376,10 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 	err := s.calls.DoWithin(context.Background(), wait, func(ctx context.Context) error {
 		var err error
 		if beat {
-			reply, err = s.reserveBeating(ctx, id, args)
+			reply, err = s.reserveBeating(ctx, keys, args)
 			return err
 		}
-		reply, err = caller.Run(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
+		reply, err = caller.Run(ctx, s.rdb, s.clock, s.reserveScript, keys, args...).Result()
 		return err
 	})
 	if err != nil {
@@ -410,7 +410,7 @@ func (s *shared) runReserve(id string, batch []*pending) ([]reserved, time.Durat
 // key id, the key's budget report not yet sent among them (taken from its
 // learnt state, so that it goes once), and whether the call is the
 // process's first on the key. It takes s.mu.
-func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first bool) {
+func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args []any, first bool) {
 	now := s.clock.Now()
 	s.mu.Lock()
 	// A process's first call on a key is waited for up to caller.MaxCommandWait:
@@ -424,7 +424,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	a := reserveArgv{
 		configured: s.rate.PerSecond(), usable: s.usableAt(id, now), depth: s.depth,
 		discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor,
-		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1, horizon: micros(fleetHorizon),
+		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1,
 	}
 	var rep *budgetReport
 	if l, ok := s.learnt.M[id]; ok {
@@ -435,12 +435,26 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 	if rep != nil {
 		a.read = max(micros(now.Sub(rep.read)), 0)
 	}
-	args = argv(make([]any, 0, 20+6*len(batch)), &a)
-	for _, p := range batch {
-		args = argv(args, &reserveRequest{cost: p.cost, maxWait: maxWaitArg(p.limit, now),
-			level: p.turn.level, share: p.turn.share, tenant: p.turn.tenant, weight: p.turn.weight})
+	// Without priorities the requests go as (cost, max wait) pairs: the
+	// script then skips the fleet's order (horizon 0).
+	ordered := slices.ContainsFunc(batch, func(p *pending) bool { return p.turn.share > 0 })
+	group := 2
+	keys = s.redisKeys(id)
+	if ordered {
+		a.horizon, group = micros(fleetHorizon), 6
+		keys = append(keys, s.sharesKey(id))
 	}
-	return args, first
+	args = argv(make([]any, 0, 20+group*len(batch)), &a)
+	for _, p := range batch {
+		r := reserveRequest{reservePair: reservePair{cost: p.cost, maxWait: maxWaitArg(p.limit, now)},
+			level: p.turn.level, share: p.turn.share, tenant: p.turn.tenant, weight: p.turn.weight}
+		if !ordered {
+			args = argv(args, &r.reservePair)
+			continue
+		}
+		args = argv(args, &r)
+	}
+	return keys, args, first
 }
 
 // reserveBeating runs the reservation script with a heartbeat beside it,
@@ -448,17 +462,17 @@ func (s *shared) reserveArgs(id string, batch []*pending) (args []any, first boo
 // know yet (NOSCRIPT: a new or flushed server) are loaded by running the
 // reservation alone; the heartbeat is then left to the next one. A failed
 // heartbeat changes nothing: the reservation's result decides.
-func (s *shared) reserveBeating(ctx context.Context, id string, args []any) (any, error) {
+func (s *shared) reserveBeating(ctx context.Context, keys []string, args []any) (any, error) {
 	pipe := s.rdb.Pipeline()
 	now := caller.Now(s.clock)
-	rc := s.reserveScript.EvalSha(ctx, pipe, s.redisKeys(id), append(args, now)...)
+	rc := s.reserveScript.EvalSha(ctx, pipe, keys, append(args, now)...)
 	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, append(beat(s.id, s.instanceTTL(), true), now)...)
 	_, _ = pipe.Exec(ctx)
 	if n, err := hc.Int64(); err == nil {
 		s.beaten(n)
 	}
 	if err := rc.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return caller.Run(ctx, s.rdb, s.clock, s.reserveScript, s.redisKeys(id), args...).Result()
+		return caller.Run(ctx, s.rdb, s.clock, s.reserveScript, keys, args...).Result()
 	}
 	return rc.Result()
 }

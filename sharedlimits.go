@@ -248,8 +248,9 @@ func (l *SharedLimits) redisKeys(key string) []string {
 		k := tag + strconv.Itoa(i) + ":" + keyID(l.limits[i].key(key))
 		keys = append(keys, k, k+":g")
 	}
-	// The order and shares of the top key: its requests, of every key
-	// under it, meet at its limit.
+	// Last, the order and shares of the top key (its requests, of every
+	// key under it, meet at its limit), which a reservation is given only
+	// when a request of it is ordered (see run).
 	return append(keys, tag+"gid", tag+"order", tag+"shares")
 }
 
@@ -655,17 +656,29 @@ func (l *SharedLimits) callBatch(ln *limitsLane, batch []*limitsPending) {
 // run makes one reservation call for batch.
 func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply, error) {
 	s := l.fleet
-	args := make([]any, 0, 1+len(l.args)+len(batch)*(len(l.limits)+7))
+	// Without priorities the requests go without their place in the
+	// fleet's order: the script then skips it (horizon 0).
+	ordered := slices.ContainsFunc(batch, func(p *limitsPending) bool { return p.turn.share > 0 })
+	horizon, group := int64(0), len(l.limits)+1
+	if ordered {
+		horizon, group = micros(fleetHorizon), group+5
+	} else {
+		keys = keys[:len(keys)-2] // the order's and the shares' (see redisKeys)
+	}
+	args := make([]any, 0, 2+len(l.args)+len(batch)*group)
 	args = append(args, "reserve")
 	args = append(args, l.args...)
+	args = append(args, horizon)
 	now := s.clock.Now()
 	for _, p := range batch {
 		for i := range l.limits {
 			args = append(args, p.cost.Of(l.limits[i].dim))
 		}
-		ft := &p.turn
-		args = append(args, maxWaitArg(p.limit, now), ft.level, ft.share, ft.tenant, ft.weight,
-			limitsWork(l.limits, &p.cost)*1e6, micros(fleetHorizon))
+		args = append(args, maxWaitArg(p.limit, now))
+		if ordered {
+			ft := &p.turn
+			args = append(args, ft.level, ft.share, ft.tenant, ft.weight, limitsWork(l.limits, &p.cost)*1e6)
+		}
 	}
 	s.roundTrips.Add(1)
 	var reply any

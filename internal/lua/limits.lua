@@ -13,7 +13,8 @@
 --                charge or a cap; unused by a bucket
 -- KEYS[2L+2]     the grant ids' counter of the key's hash tag
 -- KEYS[2L+3], KEYS[2L+4]  the request key's place in the fleet's priority
---                order and its tenants' shares (see fairstate.lua)
+--                order and its tenants' shares (see fairstate.lua); given
+--                only to a reservation with a horizon
 -- ARGV[1]  the operation: reserve, settle, learn or window
 -- ARGV[2]  L, the number of limits
 -- ARGV[3], ... four values a limit: its kind (0 a bucket, 1 a window), n
@@ -21,12 +22,13 @@
 --          unit or a window's length with its margin (us), and a bucket's
 --          margin (us: the refill it keeps in reserve; 0 for a window)
 -- then, for the operation (from ARGV[3+4L]):
---   reserve: a request after another: its L costs, its max wait (us;
---            -1 for none), its priority level (0 low, 1 normal, 2 high;
+--   reserve: the horizon of the fleet's priority order (us; 0 when no
+--            request of the call is ordered), then a request after
+--            another: its L costs, its max wait (us; -1 for none), and,
+--            with a horizon, its priority level (0 low, 1 normal, 2 high;
 --            -1 for none), the share of a level held back (0: no order, no
---            shares), its tenant, the tenant's weight, its work (us of the
---            limit that it takes the most of) and the order's horizon (us),
---            served in order. Returns now (us), then four values a
+--            shares), its tenant, the tenant's weight and its work (us of
+--            the limit that it takes the most of), served in order. Returns now (us), then four values a
 --            request: code (0 = admitted after wait, 1 = refused: wait
 --            exceeds its max wait, 2 = held back by the fleet's order or
 --            shares: to come back after wait), wait (us), its turn (us of
@@ -191,10 +193,11 @@ end
 
 if op == 'reserve' then
   local out = {now}
-  local k = at0
+  local horizon = tonumber(ARGV[at0])
+  local k, extra, fair = at0 + 1, 0, nil
+  if horizon > 0 then extra, fair = 5, fairState(KEYS[2 * L + 3], KEYS[2 * L + 4]) end
   local GID = KEYS[2 * L + 2]
-  local fair = fairState(KEYS[2 * L + 3], KEYS[2 * L + 4])
-  while k + L + 6 <= #ARGV - 1 do
+  while k + L + extra <= #ARGV - 1 do
     local at, binding = math.max(now, hold), 0
     for i = 1, L do
       local c = tonumber(ARGV[k + i - 1])
@@ -205,8 +208,11 @@ if op == 'reserve' then
     end
     at = math.ceil(at) -- whole microseconds: a settlement finds the turn by it
     local maxWait = tonumber(ARGV[k + L])
-    local level, share, tenant = tonumber(ARGV[k + L + 1]), tonumber(ARGV[k + L + 2]), ARGV[k + L + 3]
-    local weight, work, horizon = tonumber(ARGV[k + L + 4]), tonumber(ARGV[k + L + 5]), tonumber(ARGV[k + L + 6])
+    local level, share, tenant, weight, work = -1, 0, '', 1, 0
+    if fair then
+      level, share, tenant = tonumber(ARGV[k + L + 1]), tonumber(ARGV[k + L + 2]), ARGV[k + L + 3]
+      weight, work = tonumber(ARGV[k + L + 4]), tonumber(ARGV[k + L + 5])
+    end
     local wait = math.ceil(at - now)
     local trial, v, back = nil, 0, 0
     if not (maxWait >= 0 and wait > maxWait) and share > 0 then
@@ -235,11 +241,11 @@ if op == 'reserve' then
       table.insert(out, at)
       table.insert(out, gid)
     end
-    k = k + L + 7
+    k = k + L + 1 + extra
   end
   redis.call('PEXPIRE', GID, tune.grantIDLife / 1000) -- a day after the last grant
   save()
-  fair.save()
+  if fair then fair.save() end
   return out
 end
 

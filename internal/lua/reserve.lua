@@ -9,7 +9,7 @@
 --          come, one member a grant ("<turn>:<cost>"), scored by its
 --          turn's time (us); unused by the token bucket
 -- KEYS[5]  the tenants' shares (see shares, in internal/fair/shares.lua):
---          a hash of its fields
+--          a hash of its fields; given only with a horizon (ARGV[19])
 -- ARGV[1]  the configured rate, units per second
 -- ARGV[2]  the usable burst in cost units (the burst less the jitter
 --          margin; a larger cost waits for the rest); 0 makes a pacer (each request's own cost is
@@ -36,7 +36,8 @@
 --          a change that moves the turns given is, see retime in rate.lua)
 -- ARGV[18] how long ago the report's response was read (us; -1 for none)
 -- ARGV[19] the horizon of the fleet's priority order (us; see order, in
---          internal/fair/order.lua)
+--          internal/fair/order.lua); 0 when no request of the call is
+--          ordered, and each request's group is then its first two values
 -- ARGV[20], ARGV[21], ARGV[22], ARGV[23], ARGV[24], ARGV[25], ...  one
 --          group a request, served in order: its cost, its max wait in us
 --          (-1 for none), its priority level (0 low, 1 normal, 2 high; -1
@@ -117,13 +118,17 @@ end
 local recorded = false
 local probe = tonumber(ARGV[15])
 local horizon = tonumber(ARGV[19])
-local fair = fairState(KEYS[3], KEYS[5])
+local group, fair = 2, nil
+if horizon > 0 then group, fair = 6, fairState(KEYS[3], KEYS[5]) end
 local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
-for i = 20, #ARGV - 5, 6 do
+for i = 20, #ARGV - group, group do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
-  local level, share = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  local tenant, weight = ARGV[i + 4], tonumber(ARGV[i + 5])
+  local level, share, tenant, weight = -1, 0, '', 1
+  if fair then
+    level, share = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    tenant, weight = ARGV[i + 4], tonumber(ARGV[i + 5])
+  end
   local trial = nil
   local b = burst
   if b == 0 then b = cost end
@@ -194,7 +199,7 @@ for i = 20, #ARGV - 5, 6 do
   out[#out + 1] = wait
 end
 out[1] = math.max(0, math.ceil(pause - now))
-fair.save()
+if fair then fair.save() end
 if recorded or reported then
   -- The ring is kept for every key (a report may come for any), and
   -- lives at least as long as it reaches back; a budget until its reset.
