@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -16,28 +17,41 @@ import (
 	"github.com/egress-go/egress/internal/redistest"
 )
 
+// onFakeClock returns a Redis client and a fake clock for a shared
+// limiter's script test: the script takes the clock's time (onClock).
+func onFakeClock(t *testing.T) (*redis.Client, *clock.Fake) {
+	t.Helper()
+	return redistest.Start(t).Client(t), clock.NewFake(time.Now())
+}
+
+// reserveOrdered runs one reservation call of l, on key "api.test", for
+// requests of cost 1 of the turns given, and returns what the script said
+// of each (code and wait).
+func reserveOrdered(t *testing.T, l *shared, turns ...fleetTurn) []reserved {
+	t.Helper()
+	var batch []*pending
+	for _, ft := range turns {
+		batch = append(batch, &pending{cost: 1, turn: ft, res: make(chan reserved, 1)})
+	}
+	got, _, err := l.runReserve(keyID("api.test"), batch)
+	require.NoError(t, err)
+	for i := range got {
+		got[i] = got[i].clean()
+	}
+	return got
+}
+
 // TestOrderInTheReserveScript: the reservation script holds a lower request
 // back when its turn lies beyond the fleet's horizon, tells it when to come
 // back, and gives it its turn, however far, once the higher turns given
 // meanwhile have earned its level the share of one (fake clock: the script
 // takes its time, so the waits are exact).
 func TestOrderInTheReserveScript(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
-	fc := clock.NewFake(time.Now())
+	rdb, fc := onFakeClock(t)
 	l, err := NewSharedTokenBucket(rdb, "order", PerSecond(100), 1, onClock(fc), WithTransitMargin(0))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	id := keyID("api.test")
-	ask := func(turns ...fleetTurn) []reserved {
-		t.Helper()
-		var batch []*pending
-		for _, ft := range turns {
-			batch = append(batch, &pending{cost: 1, turn: ft, res: make(chan reserved, 1)})
-		}
-		got, _, err := l.runReserve(id, batch)
-		require.NoError(t, err)
-		return got
-	}
+	ask := func(turns ...fleetTurn) []reserved { return reserveOrdered(t, l.shared, turns...) }
 	ms := time.Millisecond
 	hi, lo, off := fleetTurn{level: 2, share: 0.1, weight: 1}, fleetTurn{level: 0, share: 0.1, weight: 1}, fleetTurn{level: -1}
 	waits := func(rs []reserved) (codes []int, ws []time.Duration) {
@@ -79,18 +93,11 @@ func TestOrderInTheReserveScript(t *testing.T) {
 // TestOrderInThePacersScript: a SharedLeakyBucket's turns are held back
 // alike, and a request held back takes no place in its queue (fake clock).
 func TestOrderInThePacersScript(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
-	fc := clock.NewFake(time.Now())
+	rdb, fc := onFakeClock(t)
 	l, err := NewSharedLeakyBucket(rdb, "order-pacer", PerSecond(100), 4, onClock(fc), WithTransitMargin(0))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	id := keyID("api.test")
-	ask := func(ft fleetTurn) reserved {
-		t.Helper()
-		got, _, err := l.runReserve(id, []*pending{{cost: 1, turn: ft, res: make(chan reserved, 1)}})
-		require.NoError(t, err)
-		return got[0].clean()
-	}
+	ask := func(ft fleetTurn) reserved { return reserveOrdered(t, l.shared, ft)[0] }
 	ms := time.Millisecond
 	hi, lo := fleetTurn{level: 2, share: 0.1, weight: 1}, fleetTurn{level: 0, share: 0.1, weight: 1}
 	require.Equal(t, reserved{}, ask(lo))
@@ -108,32 +115,26 @@ func TestOrderInThePacersScript(t *testing.T) {
 // of another that waits (held back by the horizon) is held back in turn,
 // for a horizon, and the one waiting takes the next turn (fake clock).
 func TestSharesInTheReserveScript(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
-	fc := clock.NewFake(time.Now())
+	rdb, fc := onFakeClock(t)
 	l, err := NewSharedTokenBucket(rdb, "shares", PerSecond(100), 1, onClock(fc), WithTransitMargin(0))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	id := keyID("api.test")
 	ms := time.Millisecond
 	ask := func(tenant string) reserved {
-		t.Helper()
-		p := &pending{cost: 1, turn: fleetTurn{level: 1, share: 0.1, tenant: tenant, weight: 1}, res: make(chan reserved, 1)}
-		got, _, err := l.runReserve(id, []*pending{p})
-		require.NoError(t, err)
-		return got[0]
+		return reserveOrdered(t, l.shared, fleetTurn{level: 1, share: 0.1, tenant: tenant, weight: 1})[0]
 	}
 	for i := range 3 {
-		require.Equal(t, reserved{code: 0, wait: time.Duration(i) * 10 * ms}, ask("A").clean())
+		require.Equal(t, reserved{code: 0, wait: time.Duration(i) * 10 * ms}, ask("A"))
 	}
-	require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask("B").clean(), "its turn (30 ms) beyond the horizon: B waits, 10 ms of work behind A")
+	require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask("B"), "its turn (30 ms) beyond the horizon: B waits, 10 ms of work behind A")
 	fc.Advance(10 * ms)
-	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("A").clean(), "A, 20 ms ahead of B: not more than a horizon")
+	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("A"), "A, 20 ms ahead of B: not more than a horizon")
 	fc.Advance(10 * ms)
-	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("A").clean())
-	require.Equal(t, reserved{code: 4, wait: 20 * ms}, ask("A").clean(), "A, 30 ms ahead: held back for a horizon")
+	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("A"))
+	require.Equal(t, reserved{code: 4, wait: 20 * ms}, ask("A"), "A, 30 ms ahead: held back for a horizon")
 	fc.Advance(10 * ms)
-	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("B").clean(), "B takes the turn at 50 ms")
-	require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask("A").clean(), "A, 20 ms ahead of B now: only the horizon holds it (its turn at 60 ms)")
+	require.Equal(t, reserved{code: 0, wait: 20 * ms}, ask("B"), "B takes the turn at 50 ms")
+	require.Equal(t, reserved{code: 4, wait: 10 * ms}, ask("A"), "A, 20 ms ahead of B now: only the horizon holds it (its turn at 60 ms)")
 }
 
 // clean returns r without the fields a test does not compare.
@@ -230,8 +231,7 @@ func sendClass(ctx context.Context, tr *Transport, c Class) error {
 // dimension (a request's work is its tokens over the rate): a tenant more
 // than a horizon's work ahead of one that waits is held back (fake clock).
 func TestSharesInTheLimitsScript(t *testing.T) {
-	rdb := redistest.Start(t).Client(t)
-	fc := clock.NewFake(time.Now())
+	rdb, fc := onFakeClock(t)
 	l, err := NewSharedLimits(rdb, "limits-shares", []Limit{BucketOf(Tokens, PerSecond(10_000), 1000)},
 		onClock(fc), WithTransitMargin(0))
 	require.NoError(t, err)

@@ -86,12 +86,7 @@ type requester struct {
 // run runs the requesters until end and returns the turns by level.
 func (s *fleetSim) run(rs []*requester, end float64) {
 	for {
-		r := rs[0]
-		for _, x := range rs[1:] {
-			if x.next < r.next {
-				r = x
-			}
-		}
+		r := earliest(rs, func(r *requester) float64 { return r.next })
 		now := r.next
 		if now >= end {
 			return
@@ -108,6 +103,18 @@ func (s *fleetSim) run(rs []*requester, end float64) {
 		s.waits[r.lv] = max(s.waits[r.lv], at-r.first)
 		r.next, r.first = at, at
 	}
+}
+
+// earliest returns the requester of rs whose next ask comes first (ties:
+// the first in rs).
+func earliest[R any](rs []R, next func(R) float64) R {
+	r := rs[0]
+	for _, x := range rs[1:] {
+		if next(x) < next(r) {
+			r = x
+		}
+	}
+	return r
 }
 
 func requesters(lv, n int, at float64) []*requester {

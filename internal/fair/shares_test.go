@@ -38,12 +38,7 @@ type tenantReq struct {
 
 func (s *tenantSim) run(rs []*tenantReq, end float64) {
 	for {
-		r := rs[0]
-		for _, x := range rs[1:] {
-			if x.next < r.next {
-				r = x
-			}
-		}
+		r := earliest(rs, func(r *tenantReq) float64 { return r.next })
 		now := r.next
 		if now >= end {
 			return
