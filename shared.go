@@ -470,18 +470,7 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 	start := s.clock.Now()
 	for {
 		if fb := s.fallback.Load(); fb != nil {
-			if s.cfg.failClosed {
-				return 0, fmt.Errorf("%w: %s", ErrSharedUnavailable, s.name)
-			}
-			now := s.clock.Now()
-			if d := fb.from.Sub(now); d > 0 && waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, d) == nil {
-				if err := sleepOr(ctx, s.clock, d, nil); err != nil {
-					return 0, err
-				}
-			}
-			waited := s.clock.Now().Sub(start)
-			w, err := fb.limiter.Wait(ctx, key, cost, remaining(maxWait, waited))
-			return waited + w, err
+			return s.waitFallback(ctx, fb, key, cost, maxWait, start)
 		}
 		reservedAt := s.clock.Now()
 		b := waitBudget(ctx, remaining(maxWait, reservedAt.Sub(start)))
@@ -521,6 +510,24 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 		// A pause began after this turn was reserved: the turn falls inside
 		// it. Reserve again; the script knows the pause.
 	}
+}
+
+// waitFallback is Wait, begun at start, while Redis is away: fb's local
+// limiter decides, from fb's phase on (see phase); with WithFailClosed,
+// nothing is granted.
+func (s *shared) waitFallback(ctx context.Context, fb *fallbackState, key string, cost int, maxWait time.Duration, start time.Time) (time.Duration, error) {
+	if s.cfg.failClosed {
+		return 0, fmt.Errorf("%w: %s", ErrSharedUnavailable, s.name)
+	}
+	now := s.clock.Now()
+	if d := fb.from.Sub(now); d > 0 && waitBudget(ctx, remaining(maxWait, now.Sub(start))).refuse(now, key, cost, d) == nil {
+		if err := sleepOr(ctx, s.clock, d, nil); err != nil {
+			return 0, err
+		}
+	}
+	waited := s.clock.Now().Sub(start)
+	w, err := fb.limiter.Wait(ctx, key, cost, remaining(maxWait, waited))
+	return waited + w, err
 }
 
 // refuseWith returns the LimitError for a wait the script found too long,

@@ -53,10 +53,10 @@ const (
 var OrderLua string
 
 // Decide returns the verdict for a request of level lv (0 the lowest; any
-// level outside [0, Held) is not held back) and work, whose turn would come at at, at now,
-// given the horizon and the share of a level held back, and updates o;
-// for Later, it also returns when to come back. A share of 0 turns the
-// order off: every request goes.
+// level outside [0, Held) is not held back) and work, whose turn would
+// come at at, at now, given the horizon and the share of a level held
+// back, and updates o; for Later, it also returns when to come back. A
+// share of 0 turns the order off: every request goes.
 func (o *Order) Decide(lv int, work, at, now, horizon, share float64) (Verdict, float64) {
 	for l := range o.Until {
 		if o.Until[l] <= now {

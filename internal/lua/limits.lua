@@ -28,13 +28,14 @@
 --            with a horizon, its priority level (0 low, 1 normal, 2 high;
 --            -1 for none), the share of a level held back (0: no order, no
 --            shares), its tenant, the tenant's weight and its work (us of
---            the limit that it takes the most of), served in order. Returns now (us), then four values a
---            request: code (0 = admitted after wait, 1 = refused: wait
---            exceeds its max wait, 2 = held back by the fleet's order or
---            shares: to come back after wait), wait (us), its turn (us of
---            server time) or, refused, the limit that bound (1-based, 0 for
---            the hold), and its grant id (0 when refused or held). A
---            refused or held request takes nothing.
+--            the limit that it takes the most of), served in order.
+--            Returns now (us), then four values a request: code (0 =
+--            admitted after wait, 1 = refused: wait exceeds its max wait,
+--            2 = held back by the fleet's order or shares: to come back
+--            after wait), wait (us), its turn (us of server time) or,
+--            refused, the limit that bound (1-based, 0 for the hold), and
+--            its grant id (0 when refused or held). A refused or held
+--            request takes nothing.
 --   settle:  the grant's turn (us), then a pair a limit: (the cost granted,
 --            the actual cost, at most n), then whether to replan (1 or 0:
 --            every limit a window, none a parent's), the channel and the
