@@ -5,13 +5,14 @@
 -- before). The order's state is four fields of the hash okey (o0c, o1c:
 -- the credit of levels 0 and 1, us of work; o0u, o1u: until when each has
 -- a request held back, us); the shares' are the hash skey, whole. Both
--- are read on first use and written back by save, doubles at full
--- precision. A request's decision runs on a trial copy of the order's
--- state, kept once the request is held back or granted (a turn may still
--- move after the decision: see reserve.lua's spent budget).
+-- are read on first use and written back by save (of the shares, the
+-- fields that changed), doubles at full precision. A request's decision
+-- runs on a trial copy of the order's state, kept once the request is
+-- held back or granted (a turn may still move after the decision: see
+-- reserve.lua's spent budget).
 local function fairState(okey, skey)
   local F = {}
-  local ord, st, dirty = nil, nil, false
+  local ord, st, was, dirty = nil, nil, {}, false
   -- trial returns a copy of the order's state.
   function F.trial()
     if not ord then
@@ -24,7 +25,10 @@ local function fairState(okey, skey)
     if not st then
       st = {}
       local kv = redis.call('HGETALL', skey)
-      for j = 1, #kv - 1, 2 do st[kv[j]] = tonumber(kv[j + 1]) end
+      for j = 1, #kv - 1, 2 do
+        st[kv[j]] = tonumber(kv[j + 1])
+        was[kv[j]] = st[kv[j]]
+      end
     end
     return st
   end
@@ -47,14 +51,23 @@ local function fairState(okey, skey)
     redis.call('HSET', okey, 'o0c', string.format('%.17g', ord.c[1]), 'o1c', string.format('%.17g', ord.c[2]),
       'o0u', string.format('%.17g', ord.u[1]), 'o1u', string.format('%.17g', ord.u[2]))
     if redis.call('PTTL', okey) < tune.ringLife / 1000 then redis.call('PEXPIRE', okey, tune.ringLife / 1000) end
-    redis.call('DEL', skey) -- rewritten whole: what prune dropped goes
-    local kv = {}
+    -- The fields changed, and those prune dropped: a call's writes are
+    -- its own tenants', whatever the others.
+    local kv, gone = {}, {}
     for f, x in pairs(st) do
-      kv[#kv + 1] = f
-      kv[#kv + 1] = string.format('%.17g', x)
+      if was[f] ~= x then
+        kv[#kv + 1] = f
+        kv[#kv + 1] = string.format('%.17g', x)
+      end
+    end
+    for f in pairs(was) do
+      if st[f] == nil then gone[#gone + 1] = f end
     end
     for j = 1, #kv, 2 * tune.hsetFields do -- (unpack's stack is bounded)
       redis.call('HSET', skey, unpack(kv, j, math.min(j + 2 * tune.hsetFields - 1, #kv)))
+    end
+    for j = 1, #gone, tune.hsetFields do
+      redis.call('HDEL', skey, unpack(gone, j, math.min(j + tune.hsetFields - 1, #gone)))
     end
     if #kv > 0 then redis.call('PEXPIRE', skey, tune.ringLife / 1000) end
   end
