@@ -63,64 +63,84 @@ func TestOrderOff(t *testing.T) {
 
 // fleetSim is a key's bucket shared by requesters that each send one
 // request at a time, on a timeline in microseconds: a GCRA of one turn a
-// interval (no burst), each request asking Order for its turn as a shared
-// limiter's script would. A requester held back comes back when told; one
-// granted sends at its turn and asks again for its next request then.
+// interval (no burst), each request asking for its turn through Ask and
+// granted through Grant, as a shared limiter's script does. A requester
+// held back comes back when told; one granted sends at its turn and asks
+// again for its next request then (one with a spacing, a light tenant,
+// no sooner than a spacing after it asked).
 type fleetSim struct {
 	o        Order
+	sh       Shares
 	interval float64
 	horizon  float64
 	share    float64
 	tat      float64
-	granted  [3]int     // turns by level
-	waits    [3]float64 // the longest wait from a request's first ask to its turn, by level
+	granted  map[string]int // turns by tenant
+	levels   [3]int         // turns by level
+	waits    [3]float64     // the longest wait from a request's first ask to its turn, by level
 	asks     int
 }
 
-type requester struct {
-	lv    int
-	next  float64 // when it asks next
-	first float64 // when its current request first asked
+func newFleetSim(share float64) *fleetSim {
+	return &fleetSim{sh: Shares{}, interval: 10_000, horizon: 20_000, share: share, granted: map[string]int{}}
 }
 
-// run runs the requesters until end and returns the turns by level.
+type requester struct {
+	lv      int
+	tenant  string
+	weight  float64
+	spacing float64
+	next    float64 // when it asks next
+	first   float64 // when its current request first asked
+}
+
+// run runs the requesters until end.
 func (s *fleetSim) run(rs []*requester, end float64) {
 	for {
-		r := earliest(rs, func(r *requester) float64 { return r.next })
+		r := earliest(rs)
 		now := r.next
 		if now >= end {
 			return
 		}
 		s.asks++
 		at := max(now, s.tat)
-		v, back := s.o.Decide(r.lv, s.interval, at, now, s.horizon, s.share)
+		v, back := Ask(&s.o, s.sh, r.lv, r.tenant, s.interval, at, now, s.horizon, s.share)
 		if v == Later {
 			r.next = back
 			continue
 		}
+		s.sh.Grant(r.lv, r.tenant, r.weight, s.interval)
+		s.sh.Prune(now)
 		s.tat = at + s.interval
-		s.granted[r.lv]++
+		s.granted[r.tenant]++
+		s.levels[r.lv]++
 		s.waits[r.lv] = max(s.waits[r.lv], at-r.first)
-		r.next, r.first = at, at
+		r.next = at
+		if r.spacing > 0 {
+			r.next = max(at, now+r.spacing)
+		}
+		r.first = r.next
 	}
 }
 
 // earliest returns the requester of rs whose next ask comes first (ties:
 // the first in rs).
-func earliest[R any](rs []R, next func(R) float64) R {
+func earliest(rs []*requester) *requester {
 	r := rs[0]
 	for _, x := range rs[1:] {
-		if next(x) < next(r) {
+		if x.next < r.next {
 			r = x
 		}
 	}
 	return r
 }
 
+// requesters returns n backlogged requesters of level lv, of one tenant,
+// asking first at at.
 func requesters(lv, n int, at float64) []*requester {
 	var out []*requester
 	for range n {
-		out = append(out, &requester{lv: lv, next: at, first: at})
+		out = append(out, &requester{lv: lv, weight: 1, next: at, first: at})
 	}
 	return out
 }
@@ -130,14 +150,14 @@ func requesters(lv, n int, at float64) []*requester {
 // flood, the lower ones use every turn (the horizon leaves none unused).
 func TestOrderShareUnderFlood(t *testing.T) {
 	for _, share := range []float64{0.05, 0.1, 0.25} {
-		s := &fleetSim{interval: 10_000, horizon: 20_000, share: share}
+		s := newFleetSim(share)
 		rs := append(requesters(2, 8, 0), requesters(1, 4, 0)...)
 		rs = append(rs, requesters(0, 4, 0)...)
 		s.run(rs, 100e6) // 100 s: 10,000 turns
-		total := float64(s.granted[0] + s.granted[1] + s.granted[2])
+		total := float64(s.levels[0] + s.levels[1] + s.levels[2])
 		assert.InDelta(t, 10_000, total, float64(len(rs)), "every turn used")
 		for lv := range Held {
-			got := float64(s.granted[lv]) / total
+			got := float64(s.levels[lv]) / total
 			assert.InEpsilon(t, share, got, 0.1, "share %v: level %d's share", share, lv)
 		}
 	}
@@ -150,13 +170,13 @@ func TestOrderShareUnderFlood(t *testing.T) {
 func TestOrderHighWaitsBehindTheHorizon(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, share := range []float64{0, 0.1} {
-		s := &fleetSim{interval: 10_000, horizon: 20_000, share: share}
+		s := newFleetSim(share)
 		rs := append(requesters(0, 16, 0), requesters(1, 16, 0)...)
 		s.run(rs, 1e6)
 		worst := 0.0
 		for range 200 {
 			now := s.tat - s.interval + rng.Float64()*s.interval // a turn being sent
-			high := &requester{lv: 2, next: now, first: now}
+			high := &requester{lv: 2, weight: 1, next: now, first: now}
 			s.run(append(rs, high), now+1) // only its first ask
 			worst = max(worst, s.waits[2])
 			s.waits[2] = 0

@@ -12,62 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// tenantSim is fleetSim with tenants: requesters of one level, each of a
-// tenant, asking through Ask and granted through Grant as a shared
-// limiter's script does. A requester with a spacing offers one request a
-// spacing (a light tenant); one without asks again as soon as its turn
-// comes (a backlogged one).
-type tenantSim struct {
-	o        Order
-	sh       Shares
-	interval float64
-	horizon  float64
-	share    float64
-	tat      float64
-	granted  map[string]int
-	asks     int
-}
-
-type tenantReq struct {
-	lv      int
-	tenant  string
-	weight  float64
-	spacing float64
-	next    float64
-}
-
-func (s *tenantSim) run(rs []*tenantReq, end float64) {
-	for {
-		r := earliest(rs, func(r *tenantReq) float64 { return r.next })
-		now := r.next
-		if now >= end {
-			return
-		}
-		s.asks++
-		at := max(now, s.tat)
-		trial := s.o
-		v, back := Ask(&trial, s.sh, r.lv, r.tenant, s.interval, at, now, s.horizon, s.share)
-		if v == Later {
-			s.o = trial
-			r.next = back
-			continue
-		}
-		s.o = trial
-		s.sh.Grant(r.lv, r.tenant, r.weight, s.interval)
-		s.sh.Prune(now)
-		s.tat = at + s.interval
-		s.granted[r.tenant]++
-		r.next = at
-		if r.spacing > 0 {
-			r.next = max(at, now+r.spacing)
-		}
-	}
-}
-
-func tenantReqs(tenant string, n int, spacing, weight float64) []*tenantReq {
-	var out []*tenantReq
+// tenantReqs returns n requesters of tenant at level 1, of weight, each
+// offering a request a spacing (0: backlogged), starting a millisecond
+// apart.
+func tenantReqs(tenant string, n int, spacing, weight float64) []*requester {
+	var out []*requester
 	for i := range n {
-		out = append(out, &tenantReq{lv: 1, tenant: tenant, weight: weight, spacing: spacing, next: float64(i) * 1000})
+		at := float64(i) * 1000
+		out = append(out, &requester{lv: 1, tenant: tenant, weight: weight, spacing: spacing, next: at, first: at})
 	}
 	return out
 }
@@ -80,27 +32,27 @@ func TestSharesMaxMinAcrossInstances(t *testing.T) {
 	const end = 100e6 // 100 s of a 100/s limit
 	for _, tc := range []struct {
 		name    string
-		reqs    [][]*tenantReq
+		reqs    [][]*requester
 		fair    map[string]float64 // turns per second
 		epsilon float64
 	}{
-		{"0.2×, 1×, 5×", [][]*tenantReq{
+		{"0.2×, 1×, 5×", [][]*requester{
 			tenantReqs("A", 1, 150_000, 1),  // 6.7/s
 			tenantReqs("B", 4, 120_000, 1),  // 33.3/s
 			tenantReqs("C", 12, 72_000, 1)}, // 166.7/s
 			map[string]float64{"A": 6.7, "B": 33.3, "C": 60}, 0.1},
-		{"two backlogged", [][]*tenantReq{
+		{"two backlogged", [][]*requester{
 			tenantReqs("B", 2, 0, 1),
 			tenantReqs("C", 14, 0, 1)},
 			map[string]float64{"B": 50, "C": 50}, 0.1},
-		{"weights 1 and 3", [][]*tenantReq{
+		{"weights 1 and 3", [][]*requester{
 			tenantReqs("B", 3, 0, 1),
 			tenantReqs("C", 3, 0, 3)},
 			map[string]float64{"B": 25, "C": 75}, 0.1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &tenantSim{sh: Shares{}, interval: 10_000, horizon: 20_000, share: 0.1, granted: map[string]int{}}
-			var rs []*tenantReq
+			s := newFleetSim(0.1)
+			var rs []*requester
 			for _, r := range tc.reqs {
 				rs = append(rs, r...)
 			}
@@ -179,8 +131,8 @@ func TestFleetRandomSchedules(t *testing.T) {
 	const end = 30e6 // 30 s of a 100/s limit
 	for seed := range uint64(16) {
 		rng := rand.New(rand.NewPCG(seed, 9))
-		s := &tenantSim{sh: Shares{}, interval: 10_000, horizon: 20_000, share: []float64{0.05, 0.1, 0.2}[rng.IntN(3)], granted: map[string]int{}}
-		var rs []*tenantReq
+		s := newFleetSim([]float64{0.05, 0.1, 0.2}[rng.IntN(3)])
+		var rs []*requester
 		backlogged := map[string]float64{} // tenant ("<level>/<name>") to weight
 		levels := map[int]bool{}
 		for lv := range 3 {
@@ -195,7 +147,8 @@ func TestFleetRandomSchedules(t *testing.T) {
 					backlogged[name], levels[lv] = w, true
 				}
 				for i := range n {
-					rs = append(rs, &tenantReq{lv: lv, tenant: name, weight: w, spacing: spacing, next: float64(rng.IntN(50_000) + i)})
+					at := float64(rng.IntN(50_000) + i)
+					rs = append(rs, &requester{lv: lv, tenant: name, weight: w, spacing: spacing, next: at, first: at})
 				}
 			}
 		}
@@ -203,12 +156,7 @@ func TestFleetRandomSchedules(t *testing.T) {
 			continue
 		}
 		s.run(rs, end)
-		total := 0
-		byLevel := [3]int{}
-		for name, n := range s.granted {
-			total += n
-			byLevel[name[0]-'0'] += n
-		}
+		total := s.levels[0] + s.levels[1] + s.levels[2]
 		require.InDelta(t, end/s.interval, float64(total), float64(len(rs)), "seed %d: every turn used", seed)
 		top := 0
 		for lv := range levels {
@@ -216,7 +164,7 @@ func TestFleetRandomSchedules(t *testing.T) {
 		}
 		for lv := range levels {
 			if lv < top {
-				assert.GreaterOrEqual(t, float64(byLevel[lv]), 0.9*s.share*float64(total), "seed %d: level %d's share %v", seed, lv, s.share)
+				assert.GreaterOrEqual(t, float64(s.levels[lv]), 0.9*s.share*float64(total), "seed %d: level %d's share %v", seed, lv, s.share)
 			}
 		}
 		// Within a level, the backlogged tenants' turns over their
