@@ -136,8 +136,10 @@ func (p *Priorities) classOf(req *http.Request) Class {
 type gate struct {
 	p     Priorities
 	clock *clock.Clock
-	fleet bool // the limiter is a shared one: it is told each request's fleetTurn
-	leads int  // how many requests of a key go to the limiter side by side (see fleetLeads)
+	lim   Limiter // what a request's work is measured against (see queueTicket.measure)
+	depth int     // the most a key's queue may hold, in requests (see depthOf); 0: no bound
+	fleet bool    // the limiter is a shared one: it is told each request's fleetTurn
+	leads int     // how many requests of a key go to the limiter side by side (see fleetLeads)
 
 	mu    sync.Mutex
 	keys  map[string]*gateKey // guarded by mu
@@ -214,7 +216,7 @@ type gateWait struct {
 }
 
 func newGate(p Priorities, clk *clock.Clock, l Limiter) *gate {
-	g := &gate{p: p, clock: clk, leads: 1, keys: map[string]*gateKey{}}
+	g := &gate{p: p, clock: clk, lim: l, depth: depthOf(l), leads: 1, keys: map[string]*gateKey{}}
 	if _, fleet := l.(interface{ ordersFleet() }); fleet {
 		g.fleet, g.leads = true, fleetLeads
 	}
@@ -266,18 +268,16 @@ type queueTicket struct {
 	cost    int     // in requests, for a refusal
 	work    float64 // in seconds of the limit (see workOf)
 	maxWait time.Duration
-	depth   int // the most the key's queue may hold, in requests; 0: no bound
 
-	lim      Limiter // what work is measured against (see measure)
-	costs    Cost    // a copy: a pointer to the caller's would move it to the heap
+	costs    Cost // a copy: a pointer to the caller's would move it to the heap
 	measured bool
 }
 
-// measure sets t's work, once: only a request that queues, or goes past a
+// measure sets t's work against lim, once: only a request that queues, or goes past a
 // queue, needs it (a key that never binds pays nothing for it).
-func (t *queueTicket) measure() {
+func (t *queueTicket) measure(lim Limiter) {
 	if !t.measured {
-		t.work = workOf(t.lim, t.key, &t.costs)
+		t.work = workOf(lim, t.key, &t.costs)
 		t.measured = true
 	}
 }
@@ -286,7 +286,7 @@ func (t *queueTicket) measure() {
 // the caller hands on (handOn) once the limiter has granted or refused it,
 // and how long t queued. A request with nobody ahead goes at once.
 func (g *gate) take(ctx context.Context, t *queueTicket) (*gateKey, time.Duration, error) {
-	if t.depth > 0 && t.cost > t.depth {
+	if g.depth > 0 && t.cost > g.depth {
 		// No queue holds it: the limiter says so (ErrCostTooHigh).
 		return nil, 0, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonCostTooHigh, Class: t.class}
 	}
@@ -312,7 +312,7 @@ func (g *gate) enqueue(t *queueTicket) (*gateKey, *fair.Entry[*gateWait], time.T
 	k := g.key(t.key)
 	if lv := t.class.Priority.level(); k.straight(lv, g.leads) {
 		if k.q != nil {
-			t.measure()
+			t.measure(g.lim)
 			k.q.Charge(lv, t.class.Tenant, t.work)
 		}
 		k.leads[lv]++
@@ -323,7 +323,7 @@ func (g *gate) enqueue(t *queueTicket) (*gateKey, *fair.Entry[*gateWait], time.T
 	}
 	now := (*g.clock).Now()
 	e := g.push(k, t)
-	if t.depth > 0 && k.sum(3) > t.depth && !g.pushOut(k, t) {
+	if g.depth > 0 && k.sum(3) > g.depth && !g.pushOut(k, t) {
 		g.remove(k, e)
 		return nil, nil, now, &LimitError{Key: t.key, Cost: t.cost, Reason: ReasonQueueFull, Class: t.class, Queued: true}
 	}
@@ -332,7 +332,7 @@ func (g *gate) enqueue(t *queueTicket) (*gateKey, *fair.Entry[*gateWait], time.T
 
 // push queues t at k. g.mu is held.
 func (g *gate) push(k *gateKey, t *queueTicket) *fair.Entry[*gateWait] {
-	t.measure()
+	t.measure(g.lim)
 	lv := t.class.Priority.level()
 	e := k.q.Push(lv, t.class.Tenant, t.work, &gateWait{turn: make(chan struct{}), cost: t.cost})
 	k.queued[lv] += t.cost
@@ -354,7 +354,7 @@ func (g *gate) remove(k *gateKey, e *fair.Entry[*gateWait]) bool {
 // (it pushes out none when they would not make room). g.mu is held.
 func (g *gate) pushOut(k *gateKey, t *queueTicket) bool {
 	lv := t.class.Priority.level()
-	excess := k.sum(3) - t.depth
+	excess := k.sum(3) - g.depth
 	if k.sum(lv) < excess {
 		return false
 	}
@@ -481,8 +481,7 @@ func (t *Transport) enterGate(req *http.Request, key string, cost *Cost, g *Gran
 	if t.limiter == nil || *cost == (Cost{}) {
 		return t.enter(ctx, key, cost, g, 0)
 	}
-	tn := queueTicket{key: key, class: t.gate.p.classOf(req), cost: cost.Requests, maxWait: t.maxWait,
-		depth: depthOf(t.limiter), lim: t.limiter, costs: *cost}
+	tn := queueTicket{key: key, class: t.gate.p.classOf(req), cost: cost.Requests, maxWait: t.maxWait, costs: *cost}
 	a, err := t.enterTurn(ctx, &tn, cost, g, quick, now)
 	if err != nil {
 		if le := (*LimitError)(nil); errors.As(err, &le) {
