@@ -273,8 +273,9 @@ type queueTicket struct {
 	measured bool
 }
 
-// measure sets t's work against lim, once: only a request that queues, or goes past a
-// queue, needs it (a key that never binds pays nothing for it).
+// measure sets t's work against lim, once: only a request that queues,
+// or goes past a queue, needs it (a key that never binds pays nothing for
+// it).
 func (t *queueTicket) measure(lim Limiter) {
 	if !t.measured {
 		t.work = workOf(lim, t.key, &t.costs)
