@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"errors"
 	"math"
 	"time"
 )
@@ -25,69 +24,12 @@ import (
 // of it and the time, so it needs no update on success: the shared limiters
 // compute it in the same Lua script that admits requests.
 
-// LimiterOption configures how a limiter of this package learns from
-// responses: WithAdaptive, WithoutDiscovery, WithoutAdvertisedLimits. The
-// same options are SharedOptions for the shared limiters.
-type LimiterOption interface {
-	applyLearn(*learnOptions)
-}
-
-// LearnOption is a LimiterOption that is also a SharedOption: it applies
-// to the local and the shared limiters alike.
-type LearnOption interface {
-	LimiterOption
-	SharedOption
-}
-
 // learnOptions gathers the options of a limiter.
 type learnOptions struct {
 	policy     *AdaptivePolicy
 	noDiscover bool
 	noAdvert   bool
 	margin     *time.Duration // WithTransitMargin; nil: jitterTolerance
-	errs       []error
-}
-
-// learnOption is a LimiterOption that is also a SharedOption.
-type learnOption func(*learnOptions)
-
-func (f learnOption) applyLearn(o *learnOptions)  { f(o) }
-func (f learnOption) applyShared(c *sharedConfig) { f(&c.learn) }
-
-// WithAdaptive tunes the discovery of a provider's unadvertised limit (see
-// AdaptivePolicy); discovery is on by default with the policy's defaults.
-// An invalid field fails the limiter's constructor, naming it.
-func WithAdaptive(p AdaptivePolicy) LearnOption {
-	return learnOption(func(o *learnOptions) { o.policy = &p })
-}
-
-// WithoutDiscovery turns the discovery of unadvertised limits off: a
-// throttle then holds the key as the provider asks, and never lowers its
-// rate.
-func WithoutDiscovery() LearnOption {
-	return learnOption(func(o *learnOptions) { o.noDiscover = true })
-}
-
-// WithoutAdvertisedLimits makes the limiter ignore the limits providers
-// advertise (RateLimit-Policy, X-RateLimit-Limit with a window, ...). By
-// default a key's rate is lowered to the advertised limit when that is below
-// the configured rate.
-func WithoutAdvertisedLimits() LearnOption {
-	return learnOption(func(o *learnOptions) { o.noAdvert = true })
-}
-
-// WithTransitMargin sets the variation of transit time a token bucket
-// absorbs by keeping part of its burst in reserve: a provider sees each
-// request a little after egress admits it, and a client that used the
-// provider's whole burst would see refused every request that travels
-// faster than the one before it. The bucket keeps ceil(rate·d) units of its
-// burst (at least one, and at most burst−1) unused; that costs the first
-// burst those units, never the sustained rate, and a cost up to the whole
-// burst is still granted (it waits for the margin to refill). Default 5ms;
-// 0 keeps no margin. It must not be negative. Leaky buckets, which never
-// burst, ignore it.
-func WithTransitMargin(d time.Duration) LearnOption {
-	return learnOption(func(o *learnOptions) { o.margin = &d })
 }
 
 // AdaptivePolicy tunes the discovery of a provider's unadvertised limit
@@ -171,19 +113,12 @@ func (p AdaptivePolicy) withDefaults(op string, configured Rate) (AdaptivePolicy
 // learning settings and the options themselves, or an error naming the
 // first invalid one (a nil option too). op names the constructor.
 func limiterOptions(op string, r Rate, opts []LimiterOption) (learnConfig, learnOptions, error) {
-	var o learnOptions
-	for _, opt := range opts {
-		if opt == nil {
-			o.errs = append(o.errs, configError(op+": option", "nil", "options must not be nil"))
-			continue
-		}
-		opt.applyLearn(&o)
+	set, err := limiterSettingsFor(op, localRate, opts)
+	if err != nil {
+		return learnConfig{}, set.learn, err
 	}
-	if err := errors.Join(o.errs...); err != nil {
-		return learnConfig{}, o, err
-	}
-	lc, err := learnSettings(op, r, o)
-	return lc, o, err
+	lc, err := learnSettings(op, r, set.learn)
+	return lc, set.learn, err
 }
 
 // effectiveRate returns the rate of a key with controller state s (nil:

@@ -47,11 +47,11 @@ type adpInstance struct {
 // adpFleet builds n instances sharing the limiter name in srv, at the
 // configured rate and burst burst, each with its own Redis client and
 // Transport (with WithRetry and opts).
-func adpFleet(t *testing.T, srv *redistest.Server, name string, n, burst int, opts ...SharedOption) []*adpInstance {
+func adpFleet(t *testing.T, srv *redistest.Server, name string, n, burst int, opts ...LimiterOption) []*adpInstance {
 	t.Helper()
 	var fleet []*adpInstance
 	for range n {
-		l := newSharedTB(t, srv.Client(t), name, PerSecond(adpRate), burst, append([]SharedOption{WithCommandTimeout(roomyTimeout)}, opts...)...)
+		l := newSharedTB(t, srv.Client(t), name, PerSecond(adpRate), burst, append([]LimiterOption{WithCommandTimeout(roomyTimeout)}, opts...)...)
 		fleet = append(fleet, adpNewInstance(t, l))
 	}
 	return fleet

@@ -646,7 +646,7 @@ func TestSharedControllerSteps(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now().Truncate(time.Microsecond) // the script's keys expire on Redis's own clock
 			fc := clock.NewFake(start)
-			opts := []SharedOption{WithCommandTimeout(roomyTimeout), onClock(fc)}
+			opts := []LimiterOption{WithCommandTimeout(roomyTimeout), onClock(fc)}
 			for _, o := range tc.opts {
 				opts = append(opts, o)
 			}

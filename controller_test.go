@@ -39,7 +39,7 @@ func TestLimiterOptionValidation(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	for _, tc := range []struct {
 		name string
-		opt  LearnOption
+		opt  LimiterOption
 		want []string // each must appear in the error: the option, the field and the value
 	}{
 		{"beta one", WithAdaptive(AdaptivePolicy{Beta: 1}), []string{"AdaptivePolicy.Beta", " 1:", "(0, 1)"}},
@@ -221,7 +221,7 @@ type want struct {
 // burst of ctlBurst (learnConfig.fleet).
 type ctlTable struct {
 	name  string
-	opts  []LearnOption
+	opts  []LimiterOption
 	fleet bool
 	steps []sig
 	wants []want
@@ -302,7 +302,7 @@ func ctlTables() []ctlTable {
 		{
 			// C = 0.05: K = cbrt((95 − 70)/(0.05·95)) = 1.74 s.
 			name: "without counts, the climb back aims a twentieth under the rate refused (aimUnder)",
-			opts: []LearnOption{WithAdaptive(AdaptivePolicy{C: 0.05})},
+			opts: []LimiterOption{WithAdaptive(AdaptivePolicy{C: 0.05})},
 			steps: []sig{
 				throttle(0, 0, s),             // at 100/s: by beta, held 1 s, aiming at 95
 				ok(2739*ms, 2730*ms),          // K after the hold's end: levelled off at 95, not 100
@@ -342,7 +342,7 @@ func ctlTables() []ctlTable {
 			// plateau ends 2 s after the hold's end, 1.49 s after K. 0.2 s
 			// past K, CUBIC alone is at 96.5.
 			name:  "without counts, the climb back stays at its aim until eight holds after it began",
-			opts:  []LearnOption{WithAdaptive(AdaptivePolicy{C: 2})},
+			opts:  []LimiterOption{WithAdaptive(AdaptivePolicy{C: 2})},
 			steps: []sig{throttle(0, 0, 250*ms), ok(255*ms, 251*ms), ok(960*ms, 950*ms), ok(2450*ms, 2440*ms)},
 			wants: []want{
 				{hold: 250 * ms, notBefore: 250 * ms, rate: 70, why: "throttled"},
@@ -360,7 +360,7 @@ func ctlTables() []ctlTable {
 		},
 		{
 			name:  "with a count, the climb back grows beyond its aim at once",
-			opts:  []LearnOption{WithAdaptive(AdaptivePolicy{C: 2})},
+			opts:  []LimiterOption{WithAdaptive(AdaptivePolicy{C: 2})},
 			steps: []sig{withQuota(throttle(0, 0, 250*ms), 0, 250*ms), ok(255*ms, 251*ms), ok(960*ms, 950*ms)},
 			wants: []want{
 				{hold: 250 * ms, notBefore: 250 * ms, rate: 70, why: "throttled"},
@@ -674,7 +674,7 @@ func ctlTables() []ctlTable {
 		},
 		{
 			name:  "WithoutAdvertisedLimits",
-			opts:  []LearnOption{WithoutAdvertisedLimits()},
+			opts:  []LimiterOption{WithoutAdvertisedLimits()},
 			steps: []sig{{status: 200, ra: -1, remaining: 40, reset: s, limit: 50, window: s}},
 			wants: []want{{}},
 		},
@@ -732,7 +732,7 @@ func ctlTables() []ctlTable {
 		}(),
 		{
 			name:  "WithoutDiscovery: a throttle holds, and lowers nothing",
-			opts:  []LearnOption{WithoutDiscovery()},
+			opts:  []LimiterOption{WithoutDiscovery()},
 			steps: []sig{throttle(0, 0, s)},
 			wants: []want{{hold: s, notBefore: s}},
 		},
@@ -743,11 +743,9 @@ func TestControllerSteps(t *testing.T) {
 	for _, tc := range ctlTables() {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Len(t, tc.wants, len(tc.steps))
-			var o learnOptions
-			for _, opt := range tc.opts {
-				opt.applyLearn(&o)
-			}
-			cfg, err := learnSettings("test", PerSecond(100), o)
+			set, err := limiterSettingsFor("test", localRate, tc.opts)
+			require.NoError(t, err)
+			cfg, err := learnSettings("test", PerSecond(100), set.learn)
 			require.NoError(t, err)
 			if tc.fleet {
 				cfg.fleet, cfg.burst = true, ctlBurst

@@ -11,7 +11,7 @@ package egress_test
 //
 // The workers are this test binary (TestFailoverWorker), run by
 // fleettest.Run; each writes the fallback switches it saw to a file in the
-// directory named by envFailoverOut.
+// directory its spec names (Spec.Out).
 
 import (
 	"context"
@@ -55,9 +55,6 @@ const (
 	// failoverShared is how long before the end of the run every worker
 	// must be admitting through Redis again.
 	failoverShared = time.Second
-	// envFailoverOut names the directory where each worker writes its
-	// fallback switches.
-	envFailoverOut = "EGRESS_FAILOVER_OUT"
 )
 
 // failoverReport is what a worker writes besides its fleettest.Summary.
@@ -165,7 +162,7 @@ func TestFailoverWorker(t *testing.T) {
 	mu.Unlock()
 	raw, err := json.Marshal(rep)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(os.Getenv(envFailoverOut), fmt.Sprintf("worker-%d.json", spec.Worker)), raw, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(spec.Out, fmt.Sprintf("worker-%d.json", spec.Worker)), raw, 0o644))
 	assert.NoError(t, lim.Close())
 	tr.CloseIdleConnections()
 	fleettest.Report(t, sum)
@@ -242,14 +239,13 @@ func runFailover(t *testing.T, desc, name string, run time.Duration, kill func(s
 	t.Helper()
 	srv := fleettest.StartServer(t)
 	dir := t.TempDir()
-	t.Setenv(envFailoverOut, dir)
 	start := time.Now().Add(failoverStartDelay)
 	var specs []fleettest.Spec
 	for i := range failoverProcs {
 		specs = append(specs, fleettest.Spec{
 			Worker: i, Redis: desc, URL: srv.URL, Name: name,
 			Shape: "token", Rate: failoverRate, Burst: failoverBurst,
-			Goroutines: failoverGoroutines, Start: start, Duration: run,
+			Goroutines: failoverGoroutines, Start: start, Duration: run, Out: dir,
 		})
 	}
 	events := make(chan failoverEvent, 1)
@@ -392,6 +388,7 @@ func maxTime(a, b time.Time) time.Time {
 // through a Sentinel deployment; the master is killed at start+2s and a
 // sentinel promotes the replica.
 func TestFailoverSentinel(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	if testing.Short() {
 		t.Skip("failover tests run several processes for several seconds; skipped with -short")
 	}
@@ -416,6 +413,7 @@ func TestFailoverSentinel(t *testing.T) {
 // cluster's layout, at the latest 10 s after the last reload: the run is
 // long enough for that.
 func TestFailoverCluster(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	if testing.Short() {
 		t.Skip("failover tests run several processes for several seconds; skipped with -short")
 	}

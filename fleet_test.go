@@ -82,7 +82,7 @@ func fleetWork(t *testing.T, spec fleettest.Spec) fleettest.Summary {
 	defer rdb.Close()
 
 	var fallbacks atomic.Int64
-	opts := []egress.SharedOption{
+	opts := []egress.LimiterOption{
 		// The default 50 ms per command is tight for a -race process on a
 		// shared 2-core machine: a slow reply would switch a worker to its
 		// local fallback, which these tests are not about.

@@ -682,6 +682,6 @@ func probeWouldWait(t *testing.T, l Limiter, key string) time.Duration {
 // onClock is a shared limiter's clock, for a test: its process reads fc,
 // and its scripts take fc's time as theirs (caller.Now), so that a script
 // and its Go twin run on the same instants.
-func onClock(fc *clock.Fake) SharedOption {
-	return sharedOptionFunc(func(c *sharedConfig) { c.clock = fc })
+func onClock(fc *clock.Fake) LimiterOption {
+	return limiterOpt("onClock", sharedRate, func(s *limiterSettings) { s.redis.clock = fc })
 }

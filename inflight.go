@@ -65,64 +65,22 @@ type inFlightWaiter struct {
 	id    uint64        // the slot's lease, once given
 }
 
-// InFlightOption configures an InFlightLimit or a SharedInFlightLimit.
-type InFlightOption interface {
-	applyInFlight(*inFlightConfig)
-}
-
-type inFlightConfig struct {
-	lease       time.Duration
-	liveness    time.Duration // SharedInFlightLimit only
-	livenessSet bool
-	shared      sharedConfig // SharedInFlightLimit only: the shared limiters' options
-	sharedSet   bool
-	errs        []error
-}
-
-type leaseOption time.Duration
-
-func (o leaseOption) applyInFlight(c *inFlightConfig) {
-	if o <= 0 {
-		c.errs = append(c.errs, configError("WithLeaseTime", time.Duration(o), "must be positive"))
-	}
-	c.lease = time.Duration(o)
-}
-
-// WithLeaseTime sets the longest one request may hold a slot: a response
-// body that is never read to its end nor closed, in a context that never
-// ends, gives its slot back when its lease ends. Set it above the longest
-// response you read (a long stream). Default 5 minutes; it must be
-// positive.
-func WithLeaseTime(d time.Duration) InFlightOption { return leaseOption(d) }
-
 const defaultLeaseTime = 5 * time.Minute
 
-// inFlightSettings applies opts over the defaults and checks n; the
-// options of a SharedInFlightLimit are refused unless shared.
-func inFlightSettings(op string, n int, opts []InFlightOption, shared bool) (inFlightConfig, error) {
-	c := inFlightConfig{lease: defaultLeaseTime, liveness: defaultLiveness,
-		shared: sharedConfig{timeout: defaultCommandTimeout, heartbeat: defaultHeartbeat}}
+// inFlightSettings checks n and applies opts for the in-flight limit op
+// (of kind k) over the defaults.
+func inFlightSettings(op string, k limiterKind, n int, opts []LimiterOption) (limiterSettings, error) {
+	set, err := limiterSettingsFor(op, k, opts)
 	if n < 1 {
-		c.errs = append(c.errs, configError(op+": n", n, "must be at least 1"))
+		err = errors.Join(configError(op+": n", n, "must be at least 1"), err)
 	}
-	for _, o := range opts {
-		if o == nil {
-			c.errs = append(c.errs, configError(op+": option", "nil", "options must not be nil"))
-			continue
-		}
-		o.applyInFlight(&c)
-	}
-	c.errs = append(c.errs, c.shared.errs...)
-	if !shared && (c.sharedSet || c.livenessSet) {
-		c.errs = append(c.errs, configError(op+": option", "WithLiveness or a shared limiter's option", "applies to a SharedInFlightLimit only"))
-	}
-	return c, errors.Join(c.errs...)
+	return set, err
 }
 
 // NewInFlightLimit returns an InFlightLimit of n requests in flight per
 // key. n must be at least 1.
-func NewInFlightLimit(n int, opts ...InFlightOption) (*InFlightLimit, error) {
-	c, err := inFlightSettings("NewInFlightLimit", n, opts, false)
+func NewInFlightLimit(n int, opts ...LimiterOption) (*InFlightLimit, error) {
+	c, err := inFlightSettings("NewInFlightLimit", localInFlight, n, opts)
 	if err != nil {
 		return nil, err
 	}

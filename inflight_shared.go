@@ -93,28 +93,6 @@ const (
 	maxOrphans      = 4096                   // beyond, a lost lease just expires
 )
 
-type livenessOption time.Duration
-
-func (o livenessOption) applyInFlight(c *inFlightConfig) {
-	if o <= 0 {
-		c.errs = append(c.errs, configError("WithLiveness", time.Duration(o), "must be positive"))
-	}
-	c.liveness, c.livenessSet = time.Duration(o), true
-}
-
-// WithLiveness sets how long a SharedInFlightLimit's lease lives in Redis
-// unless its instance renews it: how soon the slots of an instance that
-// died come back. Its instance renews it every third of that. Default 10
-// seconds; it must be positive.
-func WithLiveness(d time.Duration) InFlightOption { return livenessOption(d) }
-
-// The shared limiters' options (WithCommandTimeout, WithFailClosed,
-// WithFallbackObserver) apply to a SharedInFlightLimit too.
-func (f sharedOptionFunc) applyInFlight(c *inFlightConfig) {
-	c.sharedSet = true
-	f(&c.shared)
-}
-
 // NewSharedInFlightLimit returns a limit of n requests in flight per key
 // for the fleet of instances that share name through rdb (a plain,
 // failover or cluster client). n must be at least 1; the name is 1 to 64
@@ -122,7 +100,7 @@ func (f sharedOptionFunc) applyInFlight(c *inFlightConfig) {
 // WithLiveness, WithCommandTimeout, WithFailClosed and
 // WithFallbackObserver. It does not contact Redis (a Redis that is down at
 // start means fallback mode).
-func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts ...InFlightOption) (*SharedInFlightLimit, error) {
+func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts ...LimiterOption) (*SharedInFlightLimit, error) {
 	const op = "NewSharedInFlightLimit"
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, configError(op+": rdb", "nil", "the Redis client must not be nil")
@@ -130,17 +108,14 @@ func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts 
 	if !sharedNameRE.MatchString(name) {
 		return nil, configError(op+": name", strconv.Quote(name), "must be 1 to 64 letters, digits, '.', '_' or '-'")
 	}
-	c, err := inFlightSettings(op, n, opts, true)
+	c, err := inFlightSettings(op, sharedInFlight, n, opts)
 	if err != nil {
 		return nil, err
-	}
-	if c.shared.fallbackRate != (Rate{}) {
-		return nil, configError(op+": WithFallbackRate", c.shared.fallbackRate, "does not apply to an in-flight limit (its fallback is a share of n)")
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	s := &SharedInFlightLimit{
-		rdb: rdb, name: name, n: n, lease: c.lease, live: c.liveness, cfg: c.shared,
+		rdb: rdb, name: name, n: n, lease: c.lease, live: c.liveness, cfg: c.redis,
 		id:    hex.EncodeToString(id[:]),
 		slots: redis.NewScript(lua.Slots), beating: redis.NewScript(lua.Heartbeat),
 		held: map[string]heldLease{}, local: map[string]heldLease{}, orphans: map[string]string{},

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,9 +22,9 @@ import (
 )
 
 // newSharedInFlight makes a SharedInFlightLimit that t's cleanup closes.
-func newSharedInFlight(t *testing.T, rdb redis.UniversalClient, name string, n int, opts ...InFlightOption) *SharedInFlightLimit {
+func newSharedInFlight(t *testing.T, rdb redis.UniversalClient, name string, n int, opts ...LimiterOption) *SharedInFlightLimit {
 	t.Helper()
-	l, err := NewSharedInFlightLimit(rdb, name, n, append([]InFlightOption{WithCommandTimeout(roomyTimeout)}, opts...)...)
+	l, err := NewSharedInFlightLimit(rdb, name, n, append([]LimiterOption{WithCommandTimeout(roomyTimeout)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	return l
@@ -36,23 +37,83 @@ func TestSharedInFlightLimitValidates(t *testing.T) {
 		rdb  redis.UniversalClient
 		name string
 		n    int
-		opts []InFlightOption
+		opts []LimiterOption
 		want string
 	}{
 		{nil, "x", 1, nil, "rdb nil"},
 		{rdb, "bad name", 1, nil, "name"},
 		{rdb, "x", 0, nil, "n 0"},
-		{rdb, "x", 1, []InFlightOption{WithLiveness(0)}, "WithLiveness 0s"},
-		{rdb, "x", 1, []InFlightOption{WithCommandTimeout(-1)}, "WithCommandTimeout"},
+		{rdb, "x", 1, []LimiterOption{WithLiveness(0)}, "WithLiveness 0s"},
+		{rdb, "x", 1, []LimiterOption{WithCommandTimeout(-1)}, "WithCommandTimeout"},
 	} {
 		_, err := NewSharedInFlightLimit(tc.rdb, tc.name, tc.n, tc.opts...)
 		require.ErrorIs(t, err, ErrInvalidConfig, tc.want)
 		assert.Contains(t, err.Error(), tc.want)
 	}
-	// The Redis options are refused by the local limit.
-	_, err := NewInFlightLimit(2, WithFailClosed())
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "applies to a SharedInFlightLimit only")
+}
+
+// TestLimiterOptionsApplyWhereTheySay: every limiter takes the options
+// its constructor's kind takes, and refuses the others by name.
+func TestLimiterOptionsApplyWhereTheySay(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	makers := map[string]func(...LimiterOption) error{
+		"NewTokenBucket":         func(o ...LimiterOption) error { _, err := NewTokenBucket(PerSecond(10), 5, o...); return err },
+		"NewLeakyBucket":         func(o ...LimiterOption) error { _, err := NewLeakyBucket(PerSecond(10), 5, o...); return err },
+		"NewInFlightLimit":       func(o ...LimiterOption) error { _, err := NewInFlightLimit(2, o...); return err },
+		"NewSharedInFlightLimit": func(o ...LimiterOption) error {
+			l, err := NewSharedInFlightLimit(rdb, "x", 2, o...)
+			if err == nil {
+				l.Close()
+			}
+			return err
+		},
+		"NewSharedTokenBucket": func(o ...LimiterOption) error {
+			l, err := NewSharedTokenBucket(rdb, "x", PerSecond(10), 5, o...)
+			if err == nil {
+				l.Close()
+			}
+			return err
+		},
+		"NewSharedLimits": func(o ...LimiterOption) error {
+			l, err := NewSharedLimits(rdb, "x", []Limit{WindowOf(Requests, 10, time.Second)}, o...)
+			if err == nil {
+				l.Close()
+			}
+			return err
+		},
+	}
+	rate := []string{"NewTokenBucket", "NewLeakyBucket", "NewSharedTokenBucket", "NewSharedLimits"}
+	redisKept := []string{"NewSharedTokenBucket", "NewSharedLimits", "NewSharedInFlightLimit"}
+	for _, tc := range []struct {
+		opt   LimiterOption
+		name  string
+		takes []string
+	}{
+		{WithoutDiscovery(), "WithoutDiscovery", rate},
+		{WithTransitMargin(time.Millisecond), "WithTransitMargin", rate},
+		{WithCommandTimeout(time.Second), "WithCommandTimeout", redisKept},
+		{WithFailClosed(), "WithFailClosed", redisKept},
+		{WithFallbackObserver(func(string, bool, error) {}), "WithFallbackObserver", redisKept},
+		{WithFallbackRate(PerSecond(1)), "WithFallbackRate", []string{"NewSharedTokenBucket"}}, // a SharedLimits falls back to its share
+		{WithLeaseTime(time.Minute), "WithLeaseTime", []string{"NewInFlightLimit", "NewSharedInFlightLimit"}},
+		{WithLiveness(time.Second), "WithLiveness", []string{"NewSharedInFlightLimit"}},
+	} {
+		for op, make := range makers {
+			err := make(tc.opt)
+			if slices.Contains(tc.takes, op) {
+				assert.NoError(t, err, "%s takes %s", op, tc.name)
+				continue
+			}
+			require.ErrorIs(t, err, ErrInvalidConfig, "%s refuses %s", op, tc.name)
+			assert.Contains(t, err.Error(), op+": "+tc.name)
+		}
+	}
+	var typedNil *limiterOption
+	for op, make := range makers {
+		err := make(typedNil)
+		require.ErrorIs(t, err, ErrInvalidConfig, op)
+		assert.Contains(t, err.Error(), op+": option nil")
+	}
 }
 
 // TestSharedInFlightFleetCap: three instances with their own clients, 8

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func newInFlightOnFake(t *testing.T, n int, opts ...InFlightOption) (*InFlightLimit, *clock.Fake) {
+func newInFlightOnFake(t *testing.T, n int, opts ...LimiterOption) (*InFlightLimit, *clock.Fake) {
 	t.Helper()
 	l, err := NewInFlightLimit(n, opts...)
 	require.NoError(t, err)
@@ -43,13 +43,13 @@ func acquireAsync(l InFlightLimiter, ctx context.Context, key string, maxWait ti
 func TestNewInFlightLimitValidates(t *testing.T) {
 	for _, tc := range []struct {
 		n    int
-		opts []InFlightOption
+		opts []LimiterOption
 		want string
 	}{
 		{0, nil, "NewInFlightLimit: n 0"},
 		{-3, nil, "NewInFlightLimit: n -3"},
-		{1, []InFlightOption{WithLeaseTime(0)}, "WithLeaseTime 0s"},
-		{1, []InFlightOption{nil}, "option nil"},
+		{1, []LimiterOption{WithLeaseTime(0)}, "WithLeaseTime 0s"},
+		{1, []LimiterOption{nil}, "option nil"},
 	} {
 		_, err := NewInFlightLimit(tc.n, tc.opts...)
 		require.ErrorIs(t, err, ErrInvalidConfig)

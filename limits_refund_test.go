@@ -368,6 +368,7 @@ func TestLimitsRefundCancelLeavesNoTrace(t *testing.T) {
 // wait the refusal stated is compared with the wait that request had
 // (the figures are in the log).
 func TestRealTimeRefundLLM(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	lim, err := NewLimits(WindowOf(Tokens, refundN, refundW))
 	require.NoError(t, err)
 	runRefundLLM(t, []CostLimiter{lim})
@@ -377,6 +378,7 @@ func TestRealTimeRefundLLM(t *testing.T) {
 // instances of four workers each on one Redis (sharedlimits_expect.go):
 // before, 71 of 78 calls were refused at once, stating 7–9 s.
 func TestRealTimeRefundLLMShared(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	srv := redistest.Start(t)
 	var lims []CostLimiter
 	for range 2 {

@@ -29,6 +29,7 @@ import (
 // has the figures; the bounds here hold on a loaded 2-core machine under
 // -race).
 func TestRealTimeLLM(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	newLimits := func() []Limit {
 		return []Limit{WindowOf(Requests, 2000, time.Second), WindowOf(Tokens, 20000, time.Second)}
 	}

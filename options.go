@@ -1,10 +1,9 @@
 package egress
 
-// The Transport's options, each with its default (set in newConfig) and
-// what it refuses. The limiters' own options stay beside them: the
-// learning options (LearnOption) in adaptive.go, the fleet's (SharedOption,
-// RedisOption) in shared.go, the in-flight caps' (InFlightOption) in
-// inflight.go.
+// Every option, in two types: the Transport's (Option), each with its
+// default (set in newConfig) and what it refuses; and the limiters'
+// (LimiterOption, one type for every limiter, each option applying to the
+// limiters its doc names and refused by name by the others).
 
 import (
 	"errors"
@@ -348,3 +347,205 @@ func isNilPointer(v any) bool {
 func hostKey(req *http.Request) string { return req.URL.Host }
 
 func unitCost(*http.Request) int { return 1 }
+
+// LimiterOption configures a limiter of this package. Each option's doc
+// names the limiters it applies to; a constructor given one that does not
+// apply to it fails with ErrInvalidConfig, naming both.
+type LimiterOption interface {
+	limiterOption() *limiterOption
+}
+
+// limiterOption is every LimiterOption: its name, the limiters it applies
+// to, and what it sets.
+type limiterOption struct {
+	name    string
+	applies limiterKind
+	set     func(*limiterSettings)
+}
+
+func (o *limiterOption) limiterOption() *limiterOption { return o }
+
+// limiterKind is a set of the limiters' constructors.
+type limiterKind uint8
+
+const (
+	localRate      limiterKind = 1 << iota // NewTokenBucket, NewLeakyBucket
+	sharedRate                             // NewSharedTokenBucket, NewSharedLeakyBucket, NewSharedLimits
+	localInFlight                          // NewInFlightLimit
+	sharedInFlight                         // NewSharedInFlightLimit
+
+	rateLimiters     = localRate | sharedRate
+	inRedis          = sharedRate | sharedInFlight
+	inFlightLimiters = localInFlight | sharedInFlight
+)
+
+func (k limiterKind) String() string {
+	switch k {
+	case rateLimiters:
+		return "the rate limiters"
+	case inRedis:
+		return "the limiters kept in Redis"
+	case inFlightLimiters:
+		return "the in-flight limits"
+	case sharedRate:
+		return "the shared rate limiters"
+	case sharedInFlight:
+		return "a SharedInFlightLimit"
+	}
+	return fmt.Sprintf("limiters %#x", uint8(k))
+}
+
+// limiterSettings gathers a limiter's options over the defaults; each
+// constructor reads its own part.
+type limiterSettings struct {
+	learn    learnOptions // the rate limiters'
+	redis    sharedConfig // the limiters kept in Redis (its learn is set by newShared)
+	lease    time.Duration
+	liveness time.Duration
+	errs     []error
+}
+
+// limiterSettingsFor applies opts, for the constructor op of kind k, over
+// the defaults: a nil option, one that does not apply to k and an invalid
+// value are errors, all of them joined.
+func limiterSettingsFor(op string, k limiterKind, opts []LimiterOption) (limiterSettings, error) {
+	s := limiterSettings{
+		redis: sharedConfig{timeout: defaultCommandTimeout, heartbeat: defaultHeartbeat},
+		lease: defaultLeaseTime, liveness: defaultLiveness,
+	}
+	for _, opt := range opts {
+		var o *limiterOption
+		if opt != nil {
+			o = opt.limiterOption()
+		}
+		switch {
+		case o == nil:
+			s.errs = append(s.errs, configError(op+": option", "nil", "options must not be nil"))
+		case o.applies&k == 0:
+			s.errs = append(s.errs, fmt.Errorf("%w: %s: %s applies to %v only", ErrInvalidConfig, op, o.name, o.applies))
+		default:
+			o.set(&s)
+		}
+	}
+	return s, errors.Join(s.errs...)
+}
+
+// limiterOpt is the option name, of the limiters k, that set sets.
+func limiterOpt(name string, k limiterKind, set func(*limiterSettings)) LimiterOption {
+	return &limiterOption{name: name, applies: k, set: set}
+}
+
+// positive records an error naming option when d is not positive.
+func (s *limiterSettings) positive(option string, d time.Duration) {
+	if d <= 0 {
+		s.errs = append(s.errs, configError(option, d, "must be positive"))
+	}
+}
+
+// WithAdaptive tunes the discovery of a provider's unadvertised limit (see
+// AdaptivePolicy); discovery is on by default with the policy's defaults.
+// An invalid field fails the limiter's constructor, naming it. It applies
+// to the rate limiters (local and shared).
+func WithAdaptive(p AdaptivePolicy) LimiterOption {
+	return limiterOpt("WithAdaptive", rateLimiters, func(s *limiterSettings) { s.learn.policy = &p })
+}
+
+// WithoutDiscovery turns the discovery of unadvertised limits off: a
+// throttle then holds the key as the provider asks, and never lowers its
+// rate. It applies to the rate limiters.
+func WithoutDiscovery() LimiterOption {
+	return limiterOpt("WithoutDiscovery", rateLimiters, func(s *limiterSettings) { s.learn.noDiscover = true })
+}
+
+// WithoutAdvertisedLimits makes the limiter ignore the limits providers
+// advertise (RateLimit-Policy, X-RateLimit-Limit with a window, ...). By
+// default a key's rate is lowered to the advertised limit when that is below
+// the configured rate. It applies to the rate limiters.
+func WithoutAdvertisedLimits() LimiterOption {
+	return limiterOpt("WithoutAdvertisedLimits", rateLimiters, func(s *limiterSettings) { s.learn.noAdvert = true })
+}
+
+// WithTransitMargin sets the variation of transit time a token bucket
+// absorbs by keeping part of its burst in reserve: a provider sees each
+// request a little after egress admits it, and a client that used the
+// provider's whole burst would see refused every request that travels
+// faster than the one before it. The bucket keeps ceil(rate·d) units of its
+// burst (at least one, and at most burst−1) unused; that costs the first
+// burst those units, never the sustained rate, and a cost up to the whole
+// burst is still granted (it waits for the margin to refill). Default 5ms;
+// 0 keeps no margin. It must not be negative. It applies to the rate
+// limiters; leaky buckets, which never burst, ignore it.
+func WithTransitMargin(d time.Duration) LimiterOption {
+	return limiterOpt("WithTransitMargin", rateLimiters, func(s *limiterSettings) { s.learn.margin = &d })
+}
+
+// WithCommandTimeout bounds each Redis command; a command that takes longer
+// counts as a failure and the request goes to the fallback. Default 50ms.
+// It applies to the limiters kept in Redis.
+func WithCommandTimeout(d time.Duration) LimiterOption {
+	return limiterOpt("WithCommandTimeout", inRedis, func(s *limiterSettings) {
+		s.positive("WithCommandTimeout", d)
+		s.redis.timeout = d
+	})
+}
+
+// WithFailClosed makes requests fail with ErrSharedUnavailable while Redis
+// is unreachable, instead of the default: falling back to a local limiter
+// at this instance's share of the rate, so that no request fails because
+// Redis did. It applies to the limiters kept in Redis.
+func WithFailClosed() LimiterOption {
+	return limiterOpt("WithFailClosed", inRedis, func(s *limiterSettings) { s.redis.failClosed = true })
+}
+
+// WithFallbackRate sets the rate of the local limiter used while Redis is
+// unreachable. Default: the shared rate divided by the number of live
+// instances last counted in Redis (each instance heartbeats with its
+// reservations, and at least every two seconds when idle; an instance that
+// never reached Redis counts the fleet as itself alone). The fallback of a
+// SharedTokenBucket sends at once only the same share of the burst. It
+// applies to the shared rate limiters (a SharedInFlightLimit's fallback is
+// its share of n).
+func WithFallbackRate(r Rate) LimiterOption {
+	return limiterOpt("WithFallbackRate", sharedRate, func(s *limiterSettings) {
+		if err := r.validate("WithFallbackRate"); err != nil {
+			s.errs = append(s.errs, err)
+		}
+		s.redis.fallbackRate = r
+	})
+}
+
+// WithFallbackObserver sets a hook called when the limiter named name
+// switches to its local fallback (active true, with the Redis error) and
+// back to shared mode (active false). It must be quick. It applies to the
+// limiters kept in Redis.
+func WithFallbackObserver(f func(name string, active bool, err error)) LimiterOption {
+	return limiterOpt("WithFallbackObserver", inRedis, func(s *limiterSettings) {
+		if f == nil {
+			s.errs = append(s.errs, configError("WithFallbackObserver", "nil", "the hook must not be nil"))
+		}
+		s.redis.onFallback = f
+	})
+}
+
+// WithLeaseTime sets the longest one request may hold a slot: a response
+// body that is never read to its end nor closed, in a context that never
+// ends, gives its slot back when its lease ends. Set it above the longest
+// response you read (a long stream). Default 5 minutes; it must be
+// positive. It applies to the in-flight limits.
+func WithLeaseTime(d time.Duration) LimiterOption {
+	return limiterOpt("WithLeaseTime", inFlightLimiters, func(s *limiterSettings) {
+		s.positive("WithLeaseTime", d)
+		s.lease = d
+	})
+}
+
+// WithLiveness sets how long a SharedInFlightLimit's lease lives in Redis
+// unless its instance renews it: how soon the slots of an instance that
+// died come back. Its instance renews it every third of that. Default 10
+// seconds; it must be positive. It applies to a SharedInFlightLimit.
+func WithLiveness(d time.Duration) LimiterOption {
+	return limiterOpt("WithLiveness", sharedInFlight, func(s *limiterSettings) {
+		s.positive("WithLiveness", d)
+		s.liveness = d
+	})
+}

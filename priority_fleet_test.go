@@ -145,6 +145,7 @@ func (r reserved) clean() reserved { return reserved{code: r.code, wait: r.wait}
 // behind each instance's turn; they still use the whole limit, and the
 // fleet sends no faster than the bucket allows (real time, on Redis).
 func TestFleetPriorities(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	if testing.Short() {
 		t.Skip("real time")
 	}

@@ -248,6 +248,7 @@ func TestRetryOverloadIsNotQuota(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			srv := newRecServer(t, rtyScript(tt.answer, rtyA(200)))
 			lim, err := NewTokenBucket(PerSecond(50), 5)
 			require.NoError(t, err)

@@ -312,6 +312,7 @@ func TestRetryWhatIsRetried(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // each waits out its retry's pause on the real clock
 			srv := newRecServer(t, rtyScript(tt.first, ok))
 			tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{})
 			body := ""
@@ -544,6 +545,7 @@ func TestRetryClassify(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			srv := newRecServer(t, rtyScript(tt.answers...))
 			var (
 				mu    sync.Mutex
@@ -686,6 +688,7 @@ func (f *rtyFakeBase) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 	t.Run("each discarded body is read and closed before the next send", func(t *testing.T) {
+		t.Parallel()
 		const size = 10 << 10
 		base := &rtyFakeBase{statuses: []int{503, 502, 200}, size: size}
 		tr := newRtyTransport(t, base, RetryPolicy{})
@@ -706,6 +709,7 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 	})
 
 	t.Run("a huge body is read up to a bound, then closed", func(t *testing.T) {
+		t.Parallel()
 		base := &rtyFakeBase{statuses: []int{503, 200}, size: 1 << 20}
 		tr := newRtyTransport(t, base, RetryPolicy{})
 
@@ -722,6 +726,7 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 	})
 
 	t.Run("the retry reuses the connection", func(t *testing.T) {
+		t.Parallel()
 		srv := newRecServer(t, func(n int, w http.ResponseWriter, r *http.Request) {
 			if n == 1 {
 				w.WriteHeader(http.StatusServiceUnavailable)
@@ -757,6 +762,7 @@ func TestRetryDrainsTheBodyBeforeTheNextAttempt(t *testing.T) {
 
 func TestRetryAttemptsRunOut(t *testing.T) {
 	t.Run("the caller gets the last response", func(t *testing.T) {
+		t.Parallel()
 		srv := newRecServer(t, rtyScript(rtyA(503, "X-Attempt", "first"), rtyA(502), rtyA(503, "X-Attempt", "last")))
 		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 3})
 
@@ -769,6 +775,7 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 	})
 
 	t.Run("ErrorOnExhausted: a RetryError with the facts", func(t *testing.T) {
+		t.Parallel()
 		srv := newRecServer(t, rtyScript(rtyA(503)))
 		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 4, ErrorOnExhausted: true})
 
@@ -784,6 +791,7 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 	})
 
 	t.Run("ErrorOnExhausted through http.Client", func(t *testing.T) {
+		t.Parallel()
 		srv := newRecServer(t, rtyScript(rtyA(429)))
 		tr := newRtyTransport(t, srv.pooled(t), RetryPolicy{MaxAttempts: 2, ErrorOnExhausted: true})
 
@@ -798,6 +806,7 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 	})
 
 	t.Run("network errors: the last one, as it is", func(t *testing.T) {
+		t.Parallel()
 		target := "http://" + rtyClosedAddr(t) + "/v1"
 		base := &http.Transport{}
 		defer base.CloseIdleConnections()
@@ -816,6 +825,7 @@ func TestRetryAttemptsRunOut(t *testing.T) {
 	})
 
 	t.Run("ErrorOnExhausted with network errors unwraps to the net error", func(t *testing.T) {
+		t.Parallel()
 		addr := rtyClosedAddr(t)
 		base := &http.Transport{}
 		defer base.CloseIdleConnections()

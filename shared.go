@@ -63,7 +63,7 @@ type SharedLeakyBucket struct{ *shared }
 // Instances that share rdb and name share the limit. The name is 1 to 64
 // letters, digits, '.', '_' or '-'. It fails on invalid settings; it does not
 // contact Redis (a Redis that is down at start means fallback mode).
-func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst int, opts ...SharedOption) (*SharedTokenBucket, error) {
+func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst int, opts ...LimiterOption) (*SharedTokenBucket, error) {
 	if burst < 1 {
 		return nil, configError("NewSharedTokenBucket: burst", burst, "must be at least 1")
 	}
@@ -83,7 +83,7 @@ func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst 
 // rdb, releasing at rate r and refusing a request that would queue behind
 // queueDepth cost units already waiting. See NewSharedTokenBucket for
 // the name and the errors.
-func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueDepth int, opts ...SharedOption) (*SharedLeakyBucket, error) {
+func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueDepth int, opts ...LimiterOption) (*SharedLeakyBucket, error) {
 	if queueDepth < 0 {
 		return nil, configError("NewSharedLeakyBucket: queueDepth", queueDepth, "must be at least 0")
 	}
@@ -101,11 +101,6 @@ func NewSharedLeakyBucket(rdb redis.UniversalClient, name string, r Rate, queueD
 	return &SharedLeakyBucket{s}, nil
 }
 
-// SharedOption configures a shared limiter.
-type SharedOption interface {
-	applyShared(*sharedConfig)
-}
-
 type sharedConfig struct {
 	timeout      time.Duration // per Redis command
 	failClosed   bool
@@ -114,19 +109,7 @@ type sharedConfig struct {
 	heartbeat    time.Duration
 	learn        learnOptions
 	clock        clock.Clock // nil: the real one (tests give a fake one)
-	errs         []error
 }
-
-// RedisOption is an option of every limiter kept in Redis: the shared rate
-// limiters (a SharedOption) and SharedInFlightLimit (an InFlightOption).
-type RedisOption interface {
-	SharedOption
-	InFlightOption
-}
-
-type sharedOptionFunc func(*sharedConfig)
-
-func (f sharedOptionFunc) applyShared(c *sharedConfig) { f(c) }
 
 // The defaults of the shared limiters.
 const (
@@ -134,52 +117,6 @@ const (
 	defaultHeartbeat      = time.Second
 	maxBatch              = 128 // requests in one script call
 )
-
-// WithCommandTimeout bounds each Redis command; a command that takes longer
-// counts as a failure and the request goes to the fallback. Default 50ms.
-func WithCommandTimeout(d time.Duration) RedisOption {
-	return sharedOptionFunc(func(c *sharedConfig) {
-		if d <= 0 {
-			c.errs = append(c.errs, configError("WithCommandTimeout", d, "must be positive"))
-		}
-		c.timeout = d
-	})
-}
-
-// WithFailClosed makes requests fail with ErrSharedUnavailable while Redis
-// is unreachable, instead of the default: falling back to a local limiter
-// at this instance's share of the rate, so that no request fails because
-// Redis did.
-func WithFailClosed() RedisOption {
-	return sharedOptionFunc(func(c *sharedConfig) { c.failClosed = true })
-}
-
-// WithFallbackRate sets the rate of the local limiter used while Redis is
-// unreachable. Default: the shared rate divided by the number of live
-// instances last counted in Redis (each instance heartbeats with its
-// reservations, and at least every two seconds when idle; an instance that
-// never reached Redis counts the fleet as itself alone). The fallback of a
-// SharedTokenBucket sends at once only the same share of the burst.
-func WithFallbackRate(r Rate) SharedOption {
-	return sharedOptionFunc(func(c *sharedConfig) {
-		if err := r.validate("WithFallbackRate"); err != nil {
-			c.errs = append(c.errs, err)
-		}
-		c.fallbackRate = r
-	})
-}
-
-// WithFallbackObserver sets a hook called when the limiter named name
-// switches to its local fallback (active true, with the Redis error) and
-// back to shared mode (active false). It must be quick.
-func WithFallbackObserver(f func(name string, active bool, err error)) RedisOption {
-	return sharedOptionFunc(func(c *sharedConfig) {
-		if f == nil {
-			c.errs = append(c.errs, configError("WithFallbackObserver", "nil", "the hook must not be nil"))
-		}
-		c.onFallback = f
-	})
-}
 
 // ErrSharedUnavailable matches the error of a fail-closed shared limiter
 // (WithFailClosed) while Redis is unreachable.
@@ -355,7 +292,7 @@ func (r *retimings) AtRest(now time.Time) bool {
 	return r.waiting == 0 && now.Sub(r.last) > time.Minute
 }
 
-func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts []SharedOption) (*shared, error) {
+func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts []LimiterOption) (*shared, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, configError(op+": rdb", "nil", "the Redis client must not be nil")
 	}
@@ -365,18 +302,12 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 	if err := r.validate(op + ": rate"); err != nil {
 		return nil, err
 	}
-	cfg := sharedConfig{timeout: defaultCommandTimeout, heartbeat: defaultHeartbeat}
-	for _, o := range opts {
-		if o == nil {
-			cfg.errs = append(cfg.errs, configError(op+": option", "nil", "options must not be nil"))
-			continue
-		}
-		o.applyShared(&cfg)
-	}
-	cfg.errs = append(cfg.errs, cfg.learn.errs...)
-	if err := errors.Join(cfg.errs...); err != nil {
+	set, err := limiterSettingsFor(op, sharedRate, opts)
+	if err != nil {
 		return nil, err
 	}
+	cfg := set.redis
+	cfg.learn = set.learn
 	lc, err := learnSettings(op, r, cfg.learn)
 	if err != nil {
 		return nil, err

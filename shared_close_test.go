@@ -27,7 +27,7 @@ func TestSharedClientClosedFirst(t *testing.T) {
 	}{{"fallback", false}, {"fail closed", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := srv.Client(t)
-			opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+			opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
 			if tc.failClosed {
 				opts = append(opts, WithFailClosed())
 			}

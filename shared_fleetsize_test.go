@@ -182,7 +182,7 @@ func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // newBeating returns a shared token bucket of burst 1 at 50/s named
 // "beats" whose heartbeat period is hb.
 func newBeating(t *testing.T, rdb redis.UniversalClient, hb time.Duration) *shared {
-	s, err := newShared("t", rdb, "beats", PerSecond(50), []SharedOption{WithCommandTimeout(roomyTimeout)})
+	s, err := newShared("t", rdb, "beats", PerSecond(50), []LimiterOption{WithCommandTimeout(roomyTimeout)})
 	require.NoError(t, err)
 	s.cfg.heartbeat = hb
 	s.shape, s.burst, s.capacity, s.depth, s.usable = "tb", 1, 1, -1, 1

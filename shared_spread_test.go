@@ -26,7 +26,7 @@ type sharedLimiter interface {
 // bothShared returns the constructors of the two shared limiters at 100/s,
 // by name: a token bucket of burst 1 and a pacer whose queue holds 64.
 func bothShared() map[string]func(t *testing.T, rdb redis.UniversalClient, name string) sharedLimiter {
-	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+	opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
 	return map[string]func(t *testing.T, rdb redis.UniversalClient, name string) sharedLimiter{
 		"SharedTokenBucket": func(t *testing.T, rdb redis.UniversalClient, name string) sharedLimiter {
 			return newSharedTB(t, rdb, name, PerSecond(100), 1, opts...)
@@ -239,7 +239,7 @@ func TestRetimingsApply(t *testing.T) {
 // of it, not by beta.
 func TestSharedFleetEstimate(t *testing.T) {
 	srv := redistest.Start(t)
-	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+	opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
 	a := newSharedTB(t, srv.Client(t), "estimate", PerSecond(100), 1, opts...)
 	b := newSharedTB(t, srv.Client(t), "estimate", PerSecond(100), 1, opts...)
 	ctx := context.Background()

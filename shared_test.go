@@ -123,7 +123,7 @@ func holdKey(ctx context.Context, l Learner, key string, until time.Time) error 
 
 // newSharedTB makes a SharedTokenBucket that t's cleanup closes (before the
 // clients made earlier are closed: cleanups run last-in first-out).
-func newSharedTB(t *testing.T, rdb redis.UniversalClient, name string, r Rate, burst int, opts ...SharedOption) *SharedTokenBucket {
+func newSharedTB(t *testing.T, rdb redis.UniversalClient, name string, r Rate, burst int, opts ...LimiterOption) *SharedTokenBucket {
 	t.Helper()
 	l, err := NewSharedTokenBucket(rdb, name, r, burst, opts...)
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func newSharedTB(t *testing.T, rdb redis.UniversalClient, name string, r Rate, b
 }
 
 // newSharedLB makes a SharedLeakyBucket that t's cleanup closes.
-func newSharedLB(t *testing.T, rdb redis.UniversalClient, name string, r Rate, depth int, opts ...SharedOption) *SharedLeakyBucket {
+func newSharedLB(t *testing.T, rdb redis.UniversalClient, name string, r Rate, depth int, opts ...LimiterOption) *SharedLeakyBucket {
 	t.Helper()
 	l, err := NewSharedLeakyBucket(rdb, name, r, depth, opts...)
 	require.NoError(t, err)
@@ -273,7 +273,7 @@ func TestSharedConstructionErrors(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ok := PerSecond(10)
-	tb := func(rdb redis.UniversalClient, name string, r Rate, burst int, opts ...SharedOption) func() error {
+	tb := func(rdb redis.UniversalClient, name string, r Rate, burst int, opts ...LimiterOption) func() error {
 		return func() error {
 			l, err := NewSharedTokenBucket(rdb, name, r, burst, opts...)
 			if l != nil {
@@ -282,7 +282,7 @@ func TestSharedConstructionErrors(t *testing.T) {
 			return err
 		}
 	}
-	lb := func(rdb redis.UniversalClient, name string, r Rate, depth int, opts ...SharedOption) func() error {
+	lb := func(rdb redis.UniversalClient, name string, r Rate, depth int, opts ...LimiterOption) func() error {
 		return func() error {
 			l, err := NewSharedLeakyBucket(rdb, name, r, depth, opts...)
 			if l != nil {
@@ -1041,7 +1041,7 @@ func TestSharedSlowRedis(t *testing.T) {
 func TestSharedFleetPause(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+	opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
 	a := newSharedTB(t, srv.Client(t), "pause", PerSecond(20), 1, opts...)
 	b := newSharedTB(t, srv.Client(t), "pause", PerSecond(20), 1, opts...)
 	ctx := context.Background()
@@ -1141,7 +1141,7 @@ func TestSharedFleetPause(t *testing.T) {
 // would have been admitted at 1.3s, past its maxWait.
 func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	srv := redistest.Start(t)
-	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+	opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
 	a := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(2), 1, opts...)
 	b := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(2), 1, opts...)
 	ctx := context.Background()
@@ -1203,7 +1203,7 @@ func TestSharedCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	admin := c.Client(t)
 	ctx := context.Background()
-	opts := []SharedOption{WithCommandTimeout(roomyTimeout)}
+	opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
 	tbs := []Limiter{
 		newSharedTB(t, c.Client(t), "cl", PerSecond(50), 5, opts...),
 		newSharedTB(t, c.Client(t), "cl", PerSecond(50), 5, opts...),

@@ -105,7 +105,7 @@ type movedTurn struct {
 // and WithFallbackRate and WithAdaptive do not apply (each limit falls
 // back to its own share; Limits discovers nothing). It does not contact
 // Redis.
-func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opts ...SharedOption) (*SharedLimits, error) {
+func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opts ...LimiterOption) (*SharedLimits, error) {
 	const op = "NewSharedLimits"
 	if err := validateLimits(op, limits); err != nil {
 		return nil, err

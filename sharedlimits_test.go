@@ -23,9 +23,9 @@ import (
 // a real redis-server. Each limiter value stands for one process of the
 // fleet and gets its own client.
 
-func newSharedLimits(t *testing.T, rdb redis.UniversalClient, name string, limits []Limit, opts ...SharedOption) *SharedLimits {
+func newSharedLimits(t *testing.T, rdb redis.UniversalClient, name string, limits []Limit, opts ...LimiterOption) *SharedLimits {
 	t.Helper()
-	opts = append([]SharedOption{WithCommandTimeout(roomyTimeout)}, opts...)
+	opts = append([]LimiterOption{WithCommandTimeout(roomyTimeout)}, opts...)
 	l, err := NewSharedLimits(rdb, name, limits, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
@@ -39,15 +39,15 @@ func TestNewSharedLimitsValidates(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		limits []Limit
-		opts   []SharedOption
+		opts   []LimiterOption
 		want   string
 	}{
 		{"a", nil, nil, "NewSharedLimits: limits none"},
 		{"a", []Limit{WindowOf(Tokens, 0, time.Second)}, nil, "NewSharedLimits: limit 0 (tokens): n 0"},
 		{"a b", ok, nil, `NewSharedLimits: name "a b"`},
-		{"a", ok, []SharedOption{WithFallbackRate(PerSecond(3))}, "NewSharedLimits: WithFallbackRate"},
-		{"a", ok, []SharedOption{WithAdaptive(AdaptivePolicy{})}, "NewSharedLimits: WithAdaptive"},
-		{"a", ok, []SharedOption{WithCommandTimeout(0)}, "WithCommandTimeout"},
+		{"a", ok, []LimiterOption{WithFallbackRate(PerSecond(3))}, "NewSharedLimits: WithFallbackRate"},
+		{"a", ok, []LimiterOption{WithAdaptive(AdaptivePolicy{})}, "NewSharedLimits: WithAdaptive"},
+		{"a", ok, []LimiterOption{WithCommandTimeout(0)}, "WithCommandTimeout"},
 	} {
 		_, err := NewSharedLimits(rdb, tc.name, tc.limits, tc.opts...)
 		require.ErrorIs(t, err, ErrInvalidConfig)

@@ -187,6 +187,7 @@ func effective(lim Limiter, key string) string {
 // too: 5 to 9 refusals in 10 s, 10 to 11 for the fleet.) Representative
 // cells of the grid TestSteppedGrid measures, 7 s each.
 func TestRealTimeSteppedBucket(t *testing.T) {
+	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	const run = 7 * time.Second
 	check := func(t *testing.T, r steppedResult) {
 		t.Log(r)
@@ -202,10 +203,12 @@ func TestRealTimeSteppedBucket(t *testing.T) {
 		{steppedCell{capacity: 50, rate: 20, step: 250 * time.Millisecond}, steppedTokenBucket},
 	} {
 		t.Run(tc.cell.String()+"/"+tc.lim.name, func(t *testing.T) {
+			t.Parallel()
 			check(t, steppedRun(t, tc.cell, []Limiter{tc.lim.make(t, PerSecond(10*tc.cell.rate))}, 6, run))
 		})
 	}
 	t.Run("B20/8ps/step1s/SharedTokenBucket×2", func(t *testing.T) {
+		t.Parallel()
 		cell := steppedCell{capacity: 20, rate: 8, step: time.Second}
 		check(t, steppedRun(t, cell, steppedShared(t, redistest.Start(t), "stepped", PerSecond(10*cell.rate), 2), 3, run))
 	})

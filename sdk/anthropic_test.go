@@ -72,6 +72,7 @@ func anthropicStatus(err error) (int, bool) {
 // *anthropic.Error with the provider's status. (Anthropic's retry-after
 // is whole seconds: the 429s ask for 1 s.)
 func TestAnthropicAttemptsPerCall(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		outage fakellm.Outage
@@ -93,6 +94,7 @@ func TestAnthropicAttemptsPerCall(t *testing.T) {
 // egress.ErrRateLimited. With WithRequestTimeout, anthropic-sdk-go gives
 // each attempt a context of its own, with a deadline of its own.
 func TestAnthropicRefusalIsNotSent(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		opts []option.RequestOption
@@ -110,5 +112,6 @@ func TestAnthropicRefusalIsNotSent(t *testing.T) {
 
 // TestAnthropicStreams is the stream scenario with anthropic-sdk-go.
 func TestAnthropicStreams(t *testing.T) {
+	t.Parallel()
 	runStreams(t, anthropicStream)
 }

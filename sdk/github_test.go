@@ -42,6 +42,7 @@ func newGitHub(t *testing.T, u string, hc *http.Client, disableCheck bool) *gith
 // decides: every call goes, within its deadline, and the provider refuses
 // at most the calls in flight when the window ran out.
 func TestGitHubWindow(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name         string
 		disableCheck bool

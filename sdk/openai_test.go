@@ -73,6 +73,7 @@ func openAIStatus(err error) (int, bool) {
 // sees each call at most 3 times, and the caller gets an *openai.Error
 // with the provider's status.
 func TestOpenAIAttemptsPerCall(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		outage fakellm.Outage
@@ -93,6 +94,7 @@ func TestOpenAIAttemptsPerCall(t *testing.T) {
 // openai-go gives each attempt a context of its own, with a deadline of
 // its own.
 func TestOpenAIRefusalIsNotSent(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		opts []option.RequestOption
@@ -110,5 +112,6 @@ func TestOpenAIRefusalIsNotSent(t *testing.T) {
 
 // TestOpenAIStreams is the stream scenario with openai-go.
 func TestOpenAIStreams(t *testing.T) {
+	t.Parallel()
 	runStreams(t, openAIStream)
 }

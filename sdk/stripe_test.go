@@ -75,6 +75,7 @@ func startAPI(t *testing.T, cfg fakeapi.Config) http.Handler {
 // (with the same Idempotency-Key) whatever Stripe-Should-Retry says; it
 // does not send a rate limit's 429 or a 503 with Stripe's error body.
 func TestStripeAttemptsPerCall(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		cfg    fakeapi.Config
@@ -95,6 +96,7 @@ func TestStripeAttemptsPerCall(t *testing.T) {
 // 0 times, though stripe-go sends it again (the same request, with the
 // same Idempotency-Key), and its error matches egress.ErrRateLimited.
 func TestStripeRefusalIsNotSent(t *testing.T) {
+	t.Parallel()
 	checkRefusalNotSent(t, stripeDefaultCharge, startAPI(t, fakeapi.Config{}))
 }
 
@@ -130,6 +132,7 @@ func runCharges(sc *stripe.Client, calls, workers int, deadline time.Duration) [
 // exceed its 20%.) MaxAttempts is 5, not 3, so that calls unlucky
 // enough to be throttled on every attempt stay rare: 0.2^5 per call.
 func TestStripeLockTimeoutStormSpendsNoBudget(t *testing.T) {
+	t.Parallel()
 	p := serve(t, startAPI(t, fakeapi.Config{
 		Seed:  7,
 		Storm: fakeapi.Storm{Share: 0.2, LockTimeout: true, RetryAfter: time.Second},
@@ -169,6 +172,7 @@ func TestStripeLockTimeoutStormSpendsNoBudget(t *testing.T) {
 // stripe-go does not send a 503 with Stripe's error body again, so every
 // retry is egress's.
 func TestStripeOutageRetriesWithinBudget(t *testing.T) {
+	t.Parallel()
 	p := serve(t, startAPI(t, fakeapi.Config{Unavailable: 1}))
 	hc := egressClient(t, egress.WithRetry(egress.RetryPolicy{}))
 	const calls, workers = 100, 4

@@ -122,8 +122,8 @@ func (d *fleetDiag) rateChanged(key string, old, new egress.Rate, why string) {
 
 // options are the shared limiters' options of the row: discovery on, each
 // switch to the fallback counted and its error noted.
-func (d *fleetDiag) options(env podEnv) []egress.SharedOption {
-	return []egress.SharedOption{egress.WithFallbackObserver(func(_ string, active bool, err error) {
+func (d *fleetDiag) options(env podEnv) []egress.LimiterOption {
+	return []egress.LimiterOption{egress.WithFallbackObserver(func(_ string, active bool, err error) {
 		if !active {
 			return
 		}

@@ -162,8 +162,8 @@ func egressNoRetryStrategy() strategy {
 
 // sharedOptions are the options of egress's shared limiters: the fallback
 // counted, discovery as the limits say.
-func sharedOptions(env podEnv) []egress.SharedOption {
-	opts := []egress.SharedOption{egress.WithFallbackObserver(func(string, bool, error) { env.fallback.Add(1) })}
+func sharedOptions(env podEnv) []egress.LimiterOption {
+	opts := []egress.LimiterOption{egress.WithFallbackObserver(func(string, bool, error) { env.fallback.Add(1) })}
 	if !env.limits.adaptive {
 		opts = append(opts, egress.WithoutDiscovery())
 	}

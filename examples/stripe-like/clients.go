@@ -129,7 +129,7 @@ func (p *pods) sharedLimiter(s settings, log func(string, ...any)) (egress.Limit
 		egress.Limiter
 		Close() error
 	}
-	limOpts := []egress.SharedOption{onFallback}
+	limOpts := []egress.LimiterOption{onFallback}
 	if !s.adaptive {
 		limOpts = append(limOpts, egress.WithoutDiscovery())
 	}

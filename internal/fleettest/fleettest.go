@@ -72,6 +72,7 @@ type Spec struct {
 	Start      time.Time     // when to begin sending (wall clock, shared by the fleet)
 	Duration   time.Duration // how long to start new requests after Start
 	Attempts   int           // RetryPolicy.MaxAttempts; 0 means no WithRetry
+	Out        string        // a directory for a report of the test's own; empty for none
 }
 
 // Summary is what a worker reports when it is done.
