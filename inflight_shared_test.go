@@ -57,9 +57,9 @@ func TestSharedInFlightLimitValidates(t *testing.T) {
 func TestLimiterOptionsApplyWhereTheySay(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	makers := map[string]func(...LimiterOption) error{
-		"NewTokenBucket":         func(o ...LimiterOption) error { _, err := NewTokenBucket(PerSecond(10), 5, o...); return err },
-		"NewLeakyBucket":         func(o ...LimiterOption) error { _, err := NewLeakyBucket(PerSecond(10), 5, o...); return err },
-		"NewInFlightLimit":       func(o ...LimiterOption) error { _, err := NewInFlightLimit(2, o...); return err },
+		"NewTokenBucket":   func(o ...LimiterOption) error { _, err := NewTokenBucket(PerSecond(10), 5, o...); return err },
+		"NewLeakyBucket":   func(o ...LimiterOption) error { _, err := NewLeakyBucket(PerSecond(10), 5, o...); return err },
+		"NewInFlightLimit": func(o ...LimiterOption) error { _, err := NewInFlightLimit(2, o...); return err },
 		"NewSharedInFlightLimit": func(o ...LimiterOption) error {
 			l, err := NewSharedInFlightLimit(rdb, "x", 2, o...)
 			if err == nil {
