@@ -30,7 +30,8 @@ vet:
 
 # The fast step, for a change in progress: every test under -race that needs
 # neither Redis nor the wall clock (-short skips the Redis tests: see
-# redistest), about a minute on two cores. Not part of test, whose race step
+# redistest; the property tests draw a quarter of their schedules), just
+# under a minute on two cores once built. Not part of test, whose race step
 # runs the same tests again beside the Redis ones.
 fast:
 	$(GO) test -race -short -count=1 -skip '$(WALLCLOCK)' ./...

@@ -16,7 +16,8 @@ import (
 // window holds at most n of the actual costs at the final turns, and no
 // turn moved later than the one first given.
 func TestLimitsReplanProperties(t *testing.T) {
-	const schedules, steps = 2000, 80
+	const steps = 80
+	schedules := propertyRuns(2000)
 	keys := []string{"h/a", "h/b", "g/a"}
 	moved := 0 // turns that replan moved sooner: the schedules exercise it
 	for sch := range schedules {

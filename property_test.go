@@ -31,6 +31,16 @@ const (
 	propertySchedules   = 10_000
 )
 
+// propertyRuns is how many random schedules a property test draws: all of
+// propertySchedules, or a quarter with -short (make fast, the loop of a
+// change in progress; make test runs them all).
+func propertyRuns(all int) int {
+	if testing.Short() {
+		return all / 4
+	}
+	return all
+}
+
 func propertySeed(t *testing.T) uint64 {
 	t.Helper()
 	seed := uint64(defaultPropertySeed)
@@ -339,7 +349,7 @@ func propCheckToken(s propTokenSchedule, trace []propOutcome) error {
 func TestTokenBucketProperties(t *testing.T) {
 	t.Parallel() // CPU-bound on the fake clock: runs beside the other heavy tests
 	seed := propertySeed(t)
-	for i := range propertySchedules {
+	for i := range propertyRuns(propertySchedules) {
 		s := propRandomTokenSchedule(propRand(seed, i))
 		tb, fc := newTokenBucketOnFake(t, s.rate, s.burst)
 		trace := propRunToken(tb, fc, s)
@@ -676,13 +686,14 @@ func propCheckLeaky(s propLeakySchedule, trace []propOutcome) error {
 func TestLeakyBucketProperties(t *testing.T) {
 	t.Parallel() // CPU-bound on the fake clock: runs beside the other heavy tests
 	seed := propertySeed(t)
+	runs := propertyRuns(propertySchedules)
 	for _, variant := range []struct {
 		name      string
 		mixed     bool
 		schedules [2]int // the schedule indexes [from, to): the variants draw apart
 	}{
-		{"unit costs, bound R·w+1", false, [2]int{0, propertySchedules * 6 / 10}},
-		{"mixed costs, bound R·w+max cost", true, [2]int{propertySchedules * 6 / 10, propertySchedules}},
+		{"unit costs, bound R·w+1", false, [2]int{0, runs * 6 / 10}},
+		{"mixed costs, bound R·w+max cost", true, [2]int{runs * 6 / 10, runs}},
 	} {
 		t.Run(variant.name, func(t *testing.T) {
 			for i := variant.schedules[0]; i < variant.schedules[1]; i++ {

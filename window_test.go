@@ -135,7 +135,7 @@ func TestWindowLimitWaitOnFakeClock(t *testing.T) {
 func TestWindowLimitProperties(t *testing.T) {
 	t.Parallel()
 	seed := propertySeed(t)
-	for i := range propertySchedules {
+	for i := range propertyRuns(propertySchedules) {
 		rng := propRand(seed, i)
 		n := 1 + rng.IntN(12)
 		w := []time.Duration{time.Second, 7 * time.Second, time.Minute, time.Hour}[rng.IntN(4)]
