@@ -46,10 +46,11 @@ race:
 # ones, which count what a provider accepted in a second or a run, call
 # t.Parallel and run four at a time after them: the three end-to-end dialect
 # suites (TestRealTimeDialects...), each a third of a core busy, the
-# failovers, the stepped buckets, the storms and the LLM runs. Not more:
-# six at a time, a storm's 429s were taken for a lower limit. The adaptive
-# fleets run alone: beside the dialect suites (or beside each other), a
-# fleet used 30 of its provider's 50 requests a second.
+# failovers, the stepped buckets and the LLM runs. Not more: six at a
+# time, a storm's 429s were taken for a lower limit. The storms' suites and
+# the adaptive fleets run alone: beside the others, a small burst's
+# refusals were taken for a storm, and a fleet used 30 of its provider's 50
+# requests a second.
 wallclock:
 	$(GO) test -race -count=1 -timeout 10m -parallel 4 -run '$(WALLCLOCK)' .
 

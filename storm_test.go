@@ -27,7 +27,6 @@ import (
 // same way is a storm's: for every limiter of the package that keeps a
 // rate, local and shared.
 func TestProbesAfterAHold(t *testing.T) {
-	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	limiters := map[string]func(t *testing.T) Limiter{
 		"TokenBucket": func(t *testing.T) Limiter {
 			l, err := NewTokenBucket(PerSecond(100), 1)
@@ -111,7 +110,6 @@ func TestProbesAfterAHold(t *testing.T) {
 // next hold are a floor's unit apart, none is refused, and the key follows
 // the limit as discovery finds it.
 func TestSmallBurstIsNoStorm(t *testing.T) {
-	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	for name, newLimiter := range map[string]func() (Limiter, error){
 		"TokenBucket": func() (Limiter, error) { return NewTokenBucket(PerSecond(100), 10) },
 		"LeakyBucket": func() (Limiter, error) { return NewLeakyBucket(PerSecond(100), 32) },
@@ -142,7 +140,6 @@ func TestSmallBurstIsNoStorm(t *testing.T) {
 // rate is the configured one, and the provider accepts most of what the
 // storm lets through.
 func TestStormIsTold(t *testing.T) {
-	t.Parallel() // a loose wall-clock suite: see wallclock in the Makefile
 	api := adpProvider(t, fakeapi.Config{Rate: 100, Burst: 10, Latency: 2 * time.Millisecond, Seed: 7,
 		Storm: fakeapi.Storm{Share: 0.3, RetryAfter: time.Second}})
 	l, err := NewTokenBucket(PerSecond(100), 10)
