@@ -130,6 +130,8 @@ type ctlState struct {
 	budgetRes       time.Duration // its reset's resolution (resetResolution)
 	budgetUnit      time.Duration // the report's reset over its limit; 0 when it states no limit
 	ambiguous       uint8         // acceptances after a zero in a row that had the whole limit back (see learnShape)
+	spentAgain      uint8         // acceptances after the zero, read within its reset's resolution, that said none was left (see learnShape)
+	roomAgain       bool          // one of them, or another, said some was left, short of the whole limit
 	meter           meter         // the key's recent outcomes, for the estimate of its limit
 	storm           storm         // whether throttles without counts are about the quota
 	refill          refill        // a bucket's rate, measured from its reports when it states none
@@ -504,7 +506,27 @@ func (st *ctlState) learnShape(s *Signal, q Quota, hasQ, collision bool) {
 			// Read a resolution or less before the reset: a window whose
 			// reset was rounded up (whole seconds), or whose report was
 			// read late, may have reset before this request arrived.
-			// Nothing is learnt.
+			// Nothing is learnt from one such answer. Two that each say
+			// none is left (the requests in flight not counted), and one
+			// that said some was left, short of the whole limit, are a
+			// bucket's: a window that reset accepts until it is spent,
+			// and refuses after that until its next reset, past this
+			// zero's. (Without this, a bucket of two units that states
+			// its reset in whole seconds, "0 left, full in 1 s" after
+			// every other request, was held for the probe at every zero:
+			// 17 a second of its 50. A bucket of one unit, which never
+			// says any is left, is still held for the probe: taken for a
+			// bucket at a limit it advertises, it was sent to at that
+			// limit and refused a third of the time.)
+			if hasQ && q.Remaining == 0 {
+				st.spentAgain++
+			} else if hasQ && q.Remaining >= 1 && q.HasLimit && q.Remaining < q.Limit-1 {
+				st.roomAgain = true
+			}
+			if st.spentAgain >= 2 && st.roomAgain {
+				st.shape, st.ambiguous, st.spentAgain, st.roomAgain = shapeBucket, 0, 0, false
+				st.zeroAt, st.zeroUntil = time.Time{}, time.Time{}
+			}
 			return
 		}
 		// Unless the whole limit came back at once: a window that reset
@@ -555,6 +577,7 @@ func (st *ctlState) holdUntil(cfg *learnConfig, s *Signal, q Quota, hasQ bool, r
 		// (The first zero counts until its reset: the answers to requests
 		// sent before it, heard later, do not move it on.)
 		st.zeroAt, st.zeroUntil, st.zeroUnit, st.zeroRes = now, now.Add(reset), st.budgetUnit, resetResolution(reset)
+		st.spentAgain, st.roomAgain = 0, false
 	}
 	switch st.shape {
 	case shapeWindow:
@@ -681,7 +704,7 @@ func (st *ctlState) spend(now, turn time.Time, cost int, rate float64) bool {
 	if budgeted && st.budget < float64(cost) {
 		if !st.zeroUntil.After(now) {
 			st.zeroAt, st.zeroUntil, st.zeroUnit = now, st.budgetUntil, st.budgetUnit
-			st.zeroRes = st.budgetRes
+			st.zeroRes, st.spentAgain, st.roomAgain = st.budgetRes, 0, false
 		}
 		if st.shape == shapeWindow {
 			st.hold = maxTime(st.hold, st.budgetUntil)

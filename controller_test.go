@@ -567,6 +567,47 @@ func ctlTables() []ctlTable {
 			wants: []want{{hold: probeHold}, {}, {}},
 		},
 		{
+			// A bucket of two units at 50/s, its reset in whole seconds
+			// (IETF's "r=0;t=1" after every other request): held for
+			// the probe at every zero, it went at 17 a second.
+			name: "two acceptances within the zero's resolution that say none is left, and one with some left: a bucket",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(ok(110*ms, 105*ms), 1, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(ok(120*ms, 115*ms), 0, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(ok(230*ms, 225*ms), 0, s); x.quota = 50; return x }(),
+			},
+			wants: []want{{hold: probeHold}, {}, {hold: 120*ms + probeHold}, {shape: shapeBucket, drain: true}},
+		},
+		{
+			// A bucket of one unit never says any is left: taken for a
+			// bucket at the limit it advertises, it was sent to at that
+			// limit and refused a third of the time.
+			name: "acceptances within the zero's resolution that all say none is left tell no shape",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(ok(110*ms, 105*ms), 0, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(ok(220*ms, 215*ms), 0, s); x.quota = 50; return x }(),
+			},
+			wants: []want{{hold: probeHold}, {hold: 110*ms + probeHold}, {hold: 220*ms + probeHold}},
+		},
+		{
+			// A window that reset before its stated end, spent by others:
+			// one acceptance says none is left, the next request is
+			// refused a unit's refill after the zero.
+			name: "one acceptance within the resolution that says none is left, then a refusal: a window",
+			steps: []sig{
+				func() sig { x := withQuota(ok(0, 0), 0, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(ok(110*ms, 105*ms), 0, s); x.quota = 50; return x }(),
+				func() sig { x := withQuota(throttle(220*ms, 215*ms, s), 0, 780*ms); x.quota = 50; return x }(),
+			},
+			wants: []want{
+				{hold: probeHold},
+				{hold: 110*ms + probeHold},
+				{hold: 220*ms + s, notBefore: 220*ms + s, shape: shapeWindow, rate: 70, why: "throttled"},
+			},
+		},
+		{
 			name:  "remaining 0 with a reset sooner than the probe holds until the reset",
 			steps: []sig{withQuota(ok(0, 0), 0, 30*ms)},
 			wants: []want{{hold: 30 * ms}},

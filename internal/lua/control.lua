@@ -138,7 +138,23 @@ elseif shape == 0 and zat and zun and sent > zat and sent < zun then
   if accepted and now >= zun - zres then
     -- read a resolution or less before the reset: a window whose reset
     -- was rounded up, or whose report was read late, may have reset
-    -- before this request arrived; nothing is learnt
+    -- before this request arrived; nothing is learnt from one such
+    -- answer, but two that each say none is left, and one that said some
+    -- was left short of the whole limit, are a bucket's (see learnShape)
+    local ag = redis.call('HMGET', KEYS[1], 'sag', 'sar')
+    local sag, sar = tonumber(ag[1] or '0') or 0, ag[2] == '1'
+    if rem == 0 then
+      sag = sag + 1
+    elseif rem >= 1 and lim >= 0 and rem < lim - 1 then
+      sar = true
+    end
+    if sag >= 2 and sar then
+      shape = 2
+      redis.call('HDEL', KEYS[1], 'zat', 'zun', 'amb', 'sag', 'sar')
+      zat, zun = nil, nil
+    else
+      redis.call('HSET', KEYS[1], 'sag', sag, 'sar', sar and 1 or 0)
+    end
   elseif accepted then
     -- accepted before the reset: a bucket, unless the whole limit came
     -- back (a window that reset early, or a small bucket full again),
@@ -229,6 +245,7 @@ if exhausted then
       local z = math.max(now, tat - math.max(burst, 1) * rateUnit)
       redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', z), 'zun', string.format('%.0f', now + reset),
         'zunit', string.format('%.0f', unit), 'zres', resolution(reset))
+      redis.call('HDEL', KEYS[1], 'sag', 'sar')
     end
     if shape == 1 then
       -- until the reset, or the earliest end a report of the same window

@@ -469,6 +469,7 @@ local function spend(key, at, cost, probe, now)
   if not (tonumber(z[1]) and tonumber(z[1]) > now) then
     redis.call('HSET', key, 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', budu), 'zunit', z[2] or '0',
       'zres', z[3] or '1000000')
+    redis.call('HDEL', key, 'sag', 'sar')
   end
   if shape == 1 then return budu end
   redis.call('HDEL', key, 'bud', 'budu')
