@@ -46,11 +46,12 @@ race:
 # ones, which count what a provider accepted in a second or a run, call
 # t.Parallel and run four at a time after them: the three end-to-end dialect
 # suites (TestRealTimeDialects...), each a third of a core busy, the
-# failovers, the stepped buckets and the LLM runs. Not more: six at a
-# time, a storm's 429s were taken for a lower limit. The storms' suites and
-# the adaptive fleets run alone: beside the others, a small burst's
-# refusals were taken for a storm, and a fleet used 30 of its provider's 50
-# requests a second.
+# failovers and the LLM runs. Not more: six at a time, a storm's 429s were
+# taken for a lower limit. The storms' suites and the adaptive fleets run
+# alone, and the stepped buckets' four runs beside each other only: beside
+# the others, a small burst's refusals were taken for a storm, a fleet used
+# 30 of its provider's 50 requests a second, and a stepped bucket met 4
+# refusals where alone it meets 2.
 wallclock:
 	$(GO) test -race -count=1 -timeout 10m -parallel 4 -run '$(WALLCLOCK)' .
 
