@@ -56,7 +56,7 @@ wallclock:
 	$(GO) test -race -count=1 -timeout 10m -parallel 4 -run '$(WALLCLOCK)' .
 
 # A short, bounded run of each fuzz target on top of its seed corpus: a
-# count of executions (about 8 s each on 2 cores), not a duration. With a
+# count of executions (about 18 s each on 2 cores), not a duration. With a
 # duration, Go's fuzzing coordinator before 1.27 may report "context deadline
 # exceeded" as a failure when the time ends during a worker's call, with no
 # failing input (golang/go#75804); a count has no deadline to race.
