@@ -110,8 +110,8 @@ func (p AdaptivePolicy) withDefaults(op string, configured Rate) (AdaptivePolicy
 }
 
 // limiterOptions applies a local limiter's options for rate r: the
-// learning settings and the options themselves, or an error naming the
-// first invalid one (a nil option too). op names the constructor.
+// learning settings and the options themselves, or an error naming every
+// invalid one (see limiterSettingsFor). op names the constructor.
 func limiterOptions(op string, r Rate, opts []LimiterOption) (learnConfig, learnOptions, error) {
 	set, err := limiterSettingsFor(op, localRate, opts)
 	if err != nil {
