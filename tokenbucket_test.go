@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -355,6 +356,25 @@ func TestTokenBucketPendingReservationKeepsBucket(t *testing.T) {
 	assert.Equal(t, 2*time.Hour-10*keyed.SweepEvery, delay)
 }
 
+// TestTokenBucketDroppedBucketIsNotHot: a key's bucket granted last, then
+// dropped by a sweep that another key's call ran, is not granted from
+// again: the key's grants come from its bucket in the map, which holds
+// what the key learnt since.
+func TestTokenBucketDroppedBucketIsNotHot(t *testing.T) {
+	tb, fc := newTokenBucketOnFake(t, PerSecond(10), 5)
+	tb.buckets.Every = time.Second
+	d, err := delayOf(tb.reserve("a", 1, budget{}))
+	require.NoError(t, err)
+	require.Zero(t, d)
+	fc.Advance(2 * time.Second) // a at rest, and a sweep due
+	tb.Learn(context.Background(), "b", Signal{Now: fc.Now(), Status: http.StatusOK})
+	require.NotContains(t, tb.buckets.M, "a", "b's call swept a")
+	tb.Learn(context.Background(), "a", Signal{Now: fc.Now(), SentAt: fc.Now(), Status: http.StatusTooManyRequests, RetryAfter: 10 * time.Second, HasRetryAfter: true, MaxWait: time.Hour})
+	d, err = delayOf(tb.reserve("a", 1, budget{maxWait: time.Minute}))
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Second, d, "a's grant ignored the hold it learnt")
+}
+
 func TestTokenBucketEvictionIsInvisible(t *testing.T) {
 	// The same requests through a bucket that sweeps on every call and one
 	// that never sweeps get the same answers: a dropped bucket never lets
@@ -365,12 +385,12 @@ func TestTokenBucketEvictionIsInvisible(t *testing.T) {
 	keeping.buckets.Every = 1 << 62
 
 	gaps := []time.Duration{0, 0, 0, 0, 0, 100 * time.Millisecond, 2 * time.Second, 333 * time.Millisecond, 0, time.Minute, 1, 0, 0, 0, 0, 0, 5 * time.Second}
-	keys := []string{"a", "b"}
+	keys := []string{"a", "a", "b"} // (a key granted twice in a row takes the bucket granted last: see reserveAt)
 	for i := range 200 {
 		gap := gaps[i%len(gaps)]
 		fcS.Advance(gap)
 		fcK.Advance(gap)
-		key, cost := keys[i%2], 1+i%4
+		key, cost := keys[i%3], 1+i%4
 		d1, err1 := delayOf(sweeping.reserve(key, cost, budget{maxWait: time.Second}))
 		d2, err2 := delayOf(keeping.reserve(key, cost, budget{maxWait: time.Second}))
 		require.Equal(t, err2, err1, "request %d", i)

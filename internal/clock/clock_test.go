@@ -154,3 +154,32 @@ func TestRealClock(t *testing.T) {
 	long := c.NewTimer(time.Hour)
 	assert.True(t, long.Stop(), "a pending timer can be stopped")
 }
+
+// TestRealNowFromItsAnchor: Real's readings, an anchor moved on by the
+// monotonic clock, keep a monotonic reading, never go back, and stay with
+// the wall clock; an anchor a second old, or from a clock that went back,
+// is taken again.
+func TestRealNowFromItsAnchor(t *testing.T) {
+	prev := Real{}.Now()
+	for range 1000 {
+		before := time.Now()
+		now := Real{}.Now()
+		after := time.Now()
+		require.False(t, now.Before(prev), "a reading went back")
+		require.False(t, now.Before(before) || now.After(after), "a reading outside the wall clock's: %v not in [%v, %v]", now, before, after)
+		require.NotEqual(t, now, now.Round(0), "a reading without its monotonic clock")
+		// Its wall clock reading: the anchor's moved on, which a slewed
+		// wall clock leaves within half a millisecond a second.
+		require.WithinDuration(t, time.Now().Round(0), now.Round(0), 10*time.Millisecond)
+		prev = now
+	}
+
+	for _, age := range []time.Duration{time.Second, 2 * time.Hour, -time.Minute} {
+		old := time.Now().Add(-age) // (Add keeps the monotonic reading)
+		anchor.Store(&old)
+		before := time.Now()
+		now := Real{}.Now()
+		assert.False(t, now.Before(before), "an anchor %v old was used", age)
+		assert.False(t, anchor.Load().Before(before), "an anchor %v old was not taken again", age)
+	}
+}
