@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/egress-go/egress/internal/field"
 )
 
 // This file holds the reading of responses as a whole: the SignalReader
@@ -169,9 +171,9 @@ func (s *Signal) finish() {
 }
 
 // resetUnit returns the unit that the Transport's settings give header
-// (canonical) for this signal's host.
-func (s *Signal) resetUnit(header string) ResetUnit {
-	return s.cfg.unitFor(s.Host, header)
+// (canonical) for this signal's host, as internal/field reads it.
+func (s *Signal) resetUnit(header string) field.Unit {
+	return field.Unit(s.cfg.unitFor(s.Host, header))
 }
 
 // maxWait returns the cap on waits: MaxWait, or no cap when it is <= 0.

@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -49,50 +48,6 @@ func FuzzReadSignal(f *testing.F) {
 		}
 		if resp.Body.Close(); orig.closes.Load() != 1 {
 			t.Fatalf("the original body was closed %d times", orig.closes.Load())
-		}
-	})
-}
-
-// FuzzParseReset reads one reset value in each unit.
-func FuzzParseReset(f *testing.F) {
-	f.Add("6m0s", uint8(ResetAuto), raNow().Unix(), int64(time.Hour))
-	f.Fuzz(func(t *testing.T, v string, unit uint8, nowUnix, maxNanos int64) {
-		max := fuzzMax(maxNanos)
-		for _, u := range []ResetUnit{ResetUnit(unit), ResetAuto, ResetUnit(unit % 7)} {
-			d, ok := parseReset(v, u, time.Unix(nowUnix, 0), max)
-			if d < 0 || d > max || (!ok && d != 0) {
-				t.Fatalf("parseReset(%q, %v) = %v, %v; outside [0, %v]", v, u, d, ok, max)
-			}
-		}
-		d, ok := latestReset([]string{v, v + "," + v}, ResetUnit(unit%7), time.Unix(nowUnix, 0), max)
-		if d < 0 || d > max || (!ok && d != 0) {
-			t.Fatalf("latestReset(%q) = %v, %v; outside [0, %v]", v, d, ok, max)
-		}
-	})
-}
-
-// FuzzParseAmount reads counts and "used/capacity" pairs.
-func FuzzParseAmount(f *testing.F) {
-	f.Add("999.0")
-	f.Fuzz(func(t *testing.T, v string) {
-		if n, ok := parseAmount(v); ok {
-			if n < 0 || math.IsNaN(n) || math.IsInf(n, 0) {
-				t.Fatalf("parseAmount(%q) = %v", v, n)
-			}
-			if _, err := strconv.ParseFloat(v, 64); err != nil && digitsOnly(v) && v != "" {
-				t.Fatalf("parseAmount(%q) read what strconv refuses: %v", v, err)
-			}
-		}
-		if used, capacity, ok := parsePair(v); ok {
-			q := pairQuota(used, capacity)
-			if q.Remaining < 0 || q.Remaining > capacity {
-				t.Fatalf("parsePair(%q): remaining %v of %v", v, q.Remaining, capacity)
-			}
-		}
-		lo, okLo := lowestAmount([]string{v})
-		hi, okHi := highestAmount([]string{v})
-		if okLo != okHi || lo > hi {
-			t.Fatalf("lowest %v (%v) above highest %v (%v) of %q", lo, okLo, hi, okHi, v)
 		}
 	})
 }

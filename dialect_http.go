@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/egress-go/egress/internal/field"
 )
 
 // The built-in readers of the generic dialects: Retry-After and its kin,
@@ -47,35 +49,6 @@ func maySignal(h http.Header) bool {
 	return false
 }
 
-// retryReader reads the waits and retry advice any provider may send:
-// Retry-After (RFC 9110: delta-seconds, decimals accepted, or an
-// HTTP-date) and retry-after-ms (OpenAI, Anthropic) on a 403, 429 or 503,
-// and x-should-retry: true|false (OpenAI, Anthropic) on any response.
-type retryReader struct{}
-
-// ReadSignal implements SignalReader.
-func (retryReader) ReadSignal(resp *http.Response, s *Signal) {
-	h := resp.Header
-	switch resp.StatusCode {
-	case http.StatusForbidden, http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		// retry-after-ms is the same wait as Retry-After, to the
-		// millisecond where Retry-After is rounded up to the second: when
-		// it can be read it is the one read (as openai-go and
-		// anthropic-sdk-go prefer it), so that a provider that asks for
-		// 100 ms is not made to wait a second.
-		if d, ok := millisToWait(h[hRetryAfterMs], s.parseCap()); ok {
-			s.AddRetryAfter(d)
-		} else if d, ok := parseRetryAfter(h[hRetryAfter], s.Now, s.parseCap()); ok {
-			s.AddRetryAfter(d)
-		}
-	}
-	if yes, no := anyBool(h[hShouldRetry]); no {
-		s.SetRetry(RetryNo)
-	} else if yes {
-		s.SetRetry(RetryYes)
-	}
-}
-
 // ietfReader reads the structured fields of draft-ietf-httpapi-ratelimit-
 // headers: field (RateLimit: `"burst";r=5;t=1`) and policy
 // (RateLimit-Policy: `"burst";q=100;w=1`), one Quota per policy, joined by
@@ -92,29 +65,29 @@ func (r ietfReader) ReadSignal(resp *http.Response, s *Signal) {
 		return
 	}
 	var quotas []Quota
-	for _, m := range sfMembers(policies) {
-		name := sfUnquote(m.item)
-		q, ok := parseAmount(m.param("q"))
+	for _, m := range field.Members(policies) {
+		name := field.Unquote(m.Item)
+		q, ok := field.Amount(m.Param("q"))
 		if !ok { // the older integer form: the item is the quota
 			name = ""
-			q, ok = parseAmount(m.item)
+			q, ok = field.Amount(m.Item)
 		}
-		if unit := m.param("qu"); !ok || unit != "" && !strings.EqualFold(unit, "requests") {
+		if unit := m.Param("qu"); !ok || unit != "" && !strings.EqualFold(unit, "requests") {
 			continue
 		}
-		w, okW := policyWindow(m.param("w"))
+		w, okW := field.PolicyWindow(m.Param("w"))
 		quotas = append(quotas, Quota{Name: name, Limit: q, HasLimit: true, Window: w, HasWindow: okW})
 	}
 	max := s.maxWait()
 	var dict Quota
-	for _, m := range sfMembers(fields) {
-		if key, val, ok := dictMember(m.item); ok {
+	for _, m := range field.Members(fields) {
+		if key, val, ok := field.DictMember(m.Item); ok {
 			dict = addDictQuota(dict, key, val, max)
 			continue
 		}
-		name := sfUnquote(m.item)
-		rem, okR := parseAmount(m.param("r"))
-		t, okT := headerSeconds(m.param("t"), max)
+		name := field.Unquote(m.Item)
+		rem, okR := field.Amount(m.Param("r"))
+		t, okT := field.Seconds(m.Param("t"), max)
 		if !okR && !okT {
 			continue
 		}
@@ -152,15 +125,15 @@ func policyNamed(quotas []Quota, name string) int {
 func addDictQuota(q Quota, key, val string, max time.Duration) Quota {
 	switch key {
 	case "limit":
-		if n, ok := parseAmount(val); ok && (!q.HasLimit || n < q.Limit) {
+		if n, ok := field.Amount(val); ok && (!q.HasLimit || n < q.Limit) {
 			q.Limit, q.HasLimit = n, true
 		}
 	case "remaining":
-		if n, ok := parseAmount(val); ok && (!q.HasRemaining || n < q.Remaining) {
+		if n, ok := field.Amount(val); ok && (!q.HasRemaining || n < q.Remaining) {
 			q.Remaining, q.HasRemaining = n, true
 		}
 	case "reset":
-		if d, ok := headerSeconds(val, max); ok && (!q.HasReset || d > q.Reset) {
+		if d, ok := field.Seconds(val, max); ok && (!q.HasReset || d > q.Reset) {
 			q.Reset, q.HasReset = d, true
 		}
 	}
@@ -183,15 +156,15 @@ func (draftReader) ReadSignal(resp *http.Response, s *Signal) {
 	if len(limit) == 0 && len(remaining) == 0 && len(reset) == 0 && len(observed) == 0 && len(resetTime) == 0 {
 		return
 	}
-	q := Quota{Dimension: Requests, Name: firstToken(h[hRateLimitName])}
+	q := Quota{Dimension: Requests, Name: field.FirstToken(h[hRateLimitName])}
 	var l int64
-	l, q.Window, q.HasLimit, q.HasWindow = parsePolicy(limit)
+	l, q.Window, q.HasLimit, q.HasWindow = field.Policy(limit)
 	q.Limit = float64(l)
-	q.Remaining, q.HasRemaining = lowestAmount(remaining)
-	q.Used, q.HasUsed = highestAmount(observed)
-	q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hRateLimitReset), s.Now, s.maxWait())
+	q.Remaining, q.HasRemaining = field.Lowest(remaining)
+	q.Used, q.HasUsed = field.Highest(observed)
+	q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hRateLimitReset), s.Now, s.maxWait())
 	if !q.HasReset {
-		q.Reset, q.HasReset = latestReset(resetTime, s.resetUnit(hRateLimitResetTime), s.Now, s.maxWait())
+		q.Reset, q.HasReset = field.LatestReset(resetTime, s.resetUnit(hRateLimitResetTime), s.Now, s.maxWait())
 	}
 	s.AddQuota(q)
 }
@@ -215,16 +188,16 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 	if len(limit) > 0 || len(remaining) > 0 || len(used) > 0 || len(reset) > 0 || len(after) > 0 {
 		q := Quota{Dimension: Requests}
 		var l int64
-		l, q.Window, q.HasLimit, q.HasWindow = parsePolicy(limit)
+		l, q.Window, q.HasLimit, q.HasWindow = field.Policy(limit)
 		q.Limit = float64(l)
-		q.Remaining, q.HasRemaining = lowestAmount(remaining)
-		q.Used, q.HasUsed = highestAmount(used)
-		q.Reset, q.HasReset = latestReset(after, resetUnitOr(s, hXRateLimitResetAfter, ResetDeltaSeconds), s.Now, max)
+		q.Remaining, q.HasRemaining = field.Lowest(remaining)
+		q.Used, q.HasUsed = field.Highest(used)
+		q.Reset, q.HasReset = field.LatestReset(after, resetUnitOr(s, hXRateLimitResetAfter, field.UnitDeltaSeconds), s.Now, max)
 		if !q.HasReset {
-			q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hXRateLimitReset), s.Now, max)
+			q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hXRateLimitReset), s.Now, max)
 		}
-		if q.Name = firstToken(h[hXRateLimitResource]); q.Name == "" {
-			q.Name = firstToken(h[hXRateLimitBucket])
+		if q.Name = field.FirstToken(h[hXRateLimitResource]); q.Name == "" {
+			q.Name = field.FirstToken(h[hXRateLimitBucket])
 		}
 		if q.Name != "" || q.HasUsed {
 			q.Kind = ResetKindWindow
@@ -238,9 +211,9 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 	}
 	if len(limit) > 0 || len(remaining) > 0 || len(reset) > 0 {
 		q := Quota{Dimension: Requests}
-		q.Limit, q.HasLimit = lowestAmount(limit)
-		q.Remaining, q.HasRemaining = lowestAmount(remaining)
-		q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hXRateLimitHyphenReset), s.Now, max)
+		q.Limit, q.HasLimit = field.Lowest(limit)
+		q.Remaining, q.HasRemaining = field.Lowest(remaining)
+		q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hXRateLimitHyphenReset), s.Now, max)
 		if q.HasReset && absoluteReset(reset, s.resetUnit(hXRateLimitHyphenReset)) {
 			// A reset given as a time (Okta's and X's epoch seconds) is
 			// the end of a window: a bucket's "until full" is a delay.
@@ -252,19 +225,19 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 	remaining, reset = h[hFastlyRemaining], h[hFastlyReset]
 	if len(remaining) > 0 || len(reset) > 0 {
 		q := Quota{Dimension: Requests, Kind: ResetKindWindow}
-		q.Remaining, q.HasRemaining = lowestAmount(remaining)
-		q.Reset, q.HasReset = latestReset(reset, s.resetUnit(hFastlyReset), s.Now, max)
+		q.Remaining, q.HasRemaining = field.Lowest(remaining)
+		q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hFastlyReset), s.Now, max)
 		s.AddQuota(q)
 	}
 }
 
 // absoluteReset reports whether a reset header's first value, read in
 // unit, is a point in time (an epoch or a timestamp) rather than a delay.
-func absoluteReset(values []string, unit ResetUnit) bool {
+func absoluteReset(values []string, unit field.Unit) bool {
 	switch unit {
-	case ResetEpochSeconds, ResetEpochMillis, ResetTimestamp:
+	case field.UnitEpochSeconds, field.UnitEpochMillis, field.UnitTimestamp:
 		return true
-	case ResetAuto:
+	case field.UnitAuto:
 		if len(values) == 0 {
 			return false
 		}
@@ -275,8 +248,8 @@ func absoluteReset(values []string, unit ResetUnit) bool {
 }
 
 // resetUnitOr returns the unit set for header, or def when none is.
-func resetUnitOr(s *Signal, header string, def ResetUnit) ResetUnit {
-	if u := s.resetUnit(header); u != ResetAuto {
+func resetUnitOr(s *Signal, header string, def field.Unit) field.Unit {
+	if u := s.resetUnit(header); u != field.UnitAuto {
 		return u
 	}
 	return def

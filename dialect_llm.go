@@ -3,6 +3,8 @@ package egress
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/egress-go/egress/internal/field"
 )
 
 // The built-in readers of the LLM providers' dialects.
@@ -59,8 +61,8 @@ func readBucketQuota(s *Signal, d Dimension, limit, remaining, reset []string, r
 		return
 	}
 	q := Quota{Dimension: d, Kind: ResetKindBucket}
-	q.Limit, q.HasLimit = lowestAmount(limit)
-	q.Remaining, q.HasRemaining = lowestAmount(remaining)
-	q.Reset, q.HasReset = latestReset(reset, s.resetUnit(resetHeader), s.Now, s.maxWait())
+	q.Limit, q.HasLimit = field.Lowest(limit)
+	q.Remaining, q.HasRemaining = field.Lowest(remaining)
+	q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(resetHeader), s.Now, s.maxWait())
 	s.AddQuota(q)
 }

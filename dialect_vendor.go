@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/egress-go/egress/internal/field"
 )
 
 // The built-in readers of single providers' dialects.
@@ -19,13 +21,13 @@ type discordReader struct{}
 // ReadSignal implements SignalReader.
 func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
 	h := resp.Header
-	switch scope := firstToken(h[hXRateLimitScope]); {
+	switch scope := field.FirstToken(h[hXRateLimitScope]); {
 	case strings.EqualFold(scope, "user"), strings.EqualFold(scope, "global"):
 		s.SetScope(ScopeQuota)
 	case strings.EqualFold(scope, "shared"):
 		s.SetScope(ScopeOther)
 	}
-	if global, _ := anyBool(h[hXRateLimitGlobal]); global {
+	if global, _ := field.AnyBool(h[hXRateLimitGlobal]); global {
 		s.SetScope(ScopeQuota)
 	}
 	if b := jsonErrorPrefix(resp, "retry_after"); b != nil {
@@ -35,7 +37,7 @@ func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
 		}
 		_ = json.Unmarshal(b, &body) // a field of the wrong type leaves the others read
 		if body.RetryAfter != nil {
-			if d, ok := secondsToWait(*body.RetryAfter, s.parseCap()); ok {
+			if d, ok := field.SecondsToWait(*body.RetryAfter, s.parseCap()); ok {
 				s.AddRetryAfter(d)
 			}
 		}
@@ -71,8 +73,8 @@ func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 		for _, v := range resp.Header[name] {
 			for more := true; more; {
 				var m string
-				m, v, more = cutList(v)
-				if used, capacity, ok := parsePair(m); ok {
+				m, v, more = field.CutList(v)
+				if used, capacity, ok := field.Pair(m); ok {
 					q := pairQuota(used, capacity)
 					q.Kind = ResetKindBucket
 					q.Window, q.HasWindow = callLimitWindow, true
@@ -106,7 +108,7 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 			if i := strings.IndexByte(val, '('); i >= 0 {
 				val = val[:i] // "(appName=...)"
 			}
-			if used, capacity, ok := parsePair(val); ok {
+			if used, capacity, ok := field.Pair(val); ok {
 				q := pairQuota(used, capacity)
 				q.Name = strings.TrimSpace(name)
 				q.Window, q.HasWindow, q.Kind = 24*time.Hour, true, ResetKindWindow
@@ -130,7 +132,7 @@ func (hubSpotReader) ReadSignal(resp *http.Response, s *Signal) {
 	addCounts(s, Quota{Name: "daily", Window: 24 * time.Hour, HasWindow: true, Kind: ResetKindWindow}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
 	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true, Kind: ResetKindWindow}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
 	q := Quota{Name: "interval", Kind: ResetKindWindow}
-	if ms, ok := lowestAmount(h[hHubSpotIntervalMs]); ok && ms > 0 && ms < 1e12 {
+	if ms, ok := field.Lowest(h[hHubSpotIntervalMs]); ok && ms > 0 && ms < 1e12 {
 		q.Window, q.HasWindow = time.Duration(ms*float64(time.Millisecond)), true
 	}
 	addCounts(s, q, h[hHubSpotMax], h[hHubSpotRemaining])
@@ -142,8 +144,8 @@ func addCounts(s *Signal, q Quota, limit, remaining []string) {
 	if len(limit) == 0 && len(remaining) == 0 {
 		return
 	}
-	q.Limit, q.HasLimit = lowestAmount(limit)
-	q.Remaining, q.HasRemaining = lowestAmount(remaining)
+	q.Limit, q.HasLimit = field.Lowest(limit)
+	q.Remaining, q.HasRemaining = field.Lowest(remaining)
 	if q.HasLimit || q.HasRemaining {
 		s.AddQuota(q)
 	}
@@ -159,12 +161,12 @@ type stripeReader struct{}
 // ReadSignal implements SignalReader.
 func (stripeReader) ReadSignal(resp *http.Response, s *Signal) {
 	h := resp.Header
-	if yes, no := anyBool(h[hStripeShouldRetry]); no {
+	if yes, no := field.AnyBool(h[hStripeShouldRetry]); no {
 		s.SetRetry(RetryNo)
 	} else if yes {
 		s.SetRetry(RetryYes)
 	}
-	if reason := firstToken(h[hStripeReason]); reason != "" {
+	if reason := field.FirstToken(h[hStripeReason]); reason != "" {
 		s.setReason(reason)
 		switch strings.ToLower(reason) {
 		case "resource-specific":
@@ -197,19 +199,19 @@ type jiraReader struct{}
 // ReadSignal implements SignalReader.
 func (jiraReader) ReadSignal(resp *http.Response, s *Signal) {
 	h := resp.Header
-	if near, _ := anyBool(h[hXRateLimitNearLimit]); near {
+	if near, _ := field.AnyBool(h[hXRateLimitNearLimit]); near {
 		s.NearLimit = true
 	}
-	if near, _ := anyBool(h[hXBetaRateLimitNearLimit]); near {
+	if near, _ := field.AnyBool(h[hXBetaRateLimitNearLimit]); near {
 		s.NearLimit = true
 	}
-	if reason := firstToken(h[hRateLimitReason]); reason != "" {
+	if reason := field.FirstToken(h[hRateLimitReason]); reason != "" {
 		s.setReason(reason)
 	}
-	if reason := firstToken(h[hXBetaRateLimitReason]); reason != "" {
+	if reason := field.FirstToken(h[hXBetaRateLimitReason]); reason != "" {
 		s.setReason(reason)
 	}
-	if d, ok := latestReset(h[hXBetaRateLimitReset], s.resetUnit(hXBetaRateLimitReset), s.Now, s.maxWait()); ok {
+	if d, ok := field.LatestReset(h[hXBetaRateLimitReset], s.resetUnit(hXBetaRateLimitReset), s.Now, s.maxWait()); ok {
 		s.AddQuota(Quota{Dimension: Requests, Reset: d, HasReset: true})
 	}
 }
@@ -249,15 +251,15 @@ func (zendeskReader) ReadSignal(resp *http.Response, s *Signal) {
 func addZendeskMember(q Quota, key, val string, max time.Duration) Quota {
 	switch key {
 	case "total":
-		if n, ok := parseAmount(val); ok && (!q.HasLimit || n < q.Limit) {
+		if n, ok := field.Amount(val); ok && (!q.HasLimit || n < q.Limit) {
 			q.Limit, q.HasLimit = n, true
 		}
 	case "remaining":
-		if n, ok := parseAmount(val); ok && (!q.HasRemaining || n < q.Remaining) {
+		if n, ok := field.Amount(val); ok && (!q.HasRemaining || n < q.Remaining) {
 			q.Remaining, q.HasRemaining = n, true
 		}
 	case "resets":
-		if d, ok := headerSeconds(val, max); ok && (!q.HasReset || d > q.Reset) {
+		if d, ok := field.Seconds(val, max); ok && (!q.HasReset || d > q.Reset) {
 			q.Reset, q.HasReset = d, true
 		}
 	}

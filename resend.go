@@ -34,7 +34,7 @@ import (
 // SDKs send (0 on a call's first attempt), and the key stripe-go sends
 // again with every attempt of a POST. (The response headers that tell an
 // SDK not to retry, x-should-retry and Stripe-Should-Retry, are read by
-// the dialects too: dialect_parse.go.)
+// the dialects too: retryafter.go and dialect_vendor.go.)
 const (
 	hStainlessRetry = "X-Stainless-Retry-Count"
 	hIdempotencyKey = "Idempotency-Key"
