@@ -44,9 +44,11 @@ race:
 # measure spacing and turns to a few milliseconds (the fleets of processes,
 # the buckets' exact schedules and spacing) run alone, first; the loose
 # ones, which count what a provider accepted in a second or a run, call
-# t.Parallel and run four at a time after them: the cases of the three
-# end-to-end dialect suites (TestRealTimeDialects..., about sixty runs of
-# 3 s, each a third of a core busy), the failovers and the LLM runs. Not more: six at a time, a storm's 429s were
+# t.Parallel and run four at a time after them: the three end-to-end dialect
+# suites (TestRealTimeDialects...), each a third of a core busy, the
+# failovers and the LLM runs. (A suite's cases run one after another: as
+# parallel subtests, four cases at once, a case met one refusal more than
+# its bound, and another used 20 of the 24 requests it must.) Not more: six at a time, a storm's 429s were
 # taken for a lower limit. The storms' suites and the adaptive fleets run
 # alone, and the stepped buckets' four runs beside each other only: beside
 # the others, a small burst's refusals were taken for a storm, a fleet used
@@ -64,7 +66,7 @@ wallclock:
 # fuzzer checks every instrumented edge after each input), and about 3 s in
 # internal/field, which holds the standard library alone.
 FUZZTIME ?= 150000x
-FUZZPKGS = . ./internal/field ./internal/usage
+FUZZPKGS = . ./internal/field ./internal/usage ./internal/route
 fuzz:
 	@for p in $(FUZZPKGS); do \
 		for f in $$($(GO) test -list '^Fuzz' $$p | grep '^Fuzz'); do \

@@ -115,17 +115,10 @@ func e2eCases() []e2eCase {
 }
 
 // TestRealTimeDialects: 8 goroutines, 1 ms of provider latency.
-//
-// The cases of the three suites are parallel subtests, beside each other
-// and the other loose wall-clock tests, as many at once as -parallel lets
-// (the Makefile's four): each is a third of a core busy, mostly waiting.
-// (Run one suite's cases one after the other, each suite took a minute
-// and the step waited for the last of them.)
 func TestRealTimeDialects(t *testing.T) {
-	t.Parallel()
+	t.Parallel() // beside the other two e2e suites: a third of a core each, mostly waiting
 	for _, tc := range e2eCases() {
 		t.Run(tc.String(), func(t *testing.T) {
-			t.Parallel()
 			e2eRun(t, tc, 1, 8, time.Millisecond, 3*time.Second, tc.after8, tc.use8, e2eLocal)
 		})
 	}
@@ -138,7 +131,6 @@ func TestRealTimeDialectsInFlight(t *testing.T) {
 	t.Parallel()
 	for _, tc := range e2eCases() {
 		t.Run(tc.String(), func(t *testing.T) {
-			t.Parallel()
 			e2eRun(t, tc, 1, 20, 100*time.Millisecond, 3*time.Second, tc.after20, tc.use20, e2eLocal)
 		})
 	}
@@ -163,7 +155,6 @@ func TestRealTimeDialectsFleet(t *testing.T) {
 			continue
 		}
 		t.Run(tc.String(), func(t *testing.T) {
-			t.Parallel()
 			name := fmt.Sprintf("e2e%d", i)
 			e2eRun(t, tc, 4, 5, 100*time.Millisecond, 3*time.Second, tc.after20, tc.useFleet, func(t *testing.T, r Rate, burst int) Limiter {
 				return newSharedTB(t, srv.Client(t), name, r, burst, WithCommandTimeout(roomyTimeout))

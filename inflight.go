@@ -51,13 +51,67 @@ type InFlightLimit struct {
 
 // slots is one key's leases and waiters.
 type slots struct {
-	leases  []slotLease       // held, in no order
+	leases  leaseSet
 	waiters []*inFlightWaiter // first come, first served; served ones removed
 }
+
+// leaseSet is one key's leases, held in no order: the arithmetic that
+// slots.lua restates for the fleet (TestLeaseSteps runs the two on one
+// fake clock). A lease ends at its time: at that instant it is no longer
+// held.
+type leaseSet []slotLease
 
 type slotLease struct {
 	id    uint64
 	until time.Time
+}
+
+// acquire takes lease id, to end life after now, when fewer than n leases
+// are held once those ended by now are dropped; otherwise it returns how
+// long until the earliest one ends (slots.lua's acquire).
+func (ls *leaseSet) acquire(id uint64, n int, now time.Time, life time.Duration) (taken bool, wait time.Duration) {
+	ls.expire(now)
+	if len(*ls) < n {
+		*ls = append(*ls, slotLease{id: id, until: now.Add(life)})
+		return true, 0
+	}
+	return false, max(0, ls.next().Sub(now))
+}
+
+// expire drops the leases that ended by now.
+func (ls *leaseSet) expire(now time.Time) {
+	kept := (*ls)[:0]
+	for _, x := range *ls {
+		if x.until.After(now) {
+			kept = append(kept, x)
+		}
+	}
+	clear((*ls)[len(kept):])
+	*ls = kept
+}
+
+// next returns when the earliest lease ends; zero when none is held.
+func (ls leaseSet) next() time.Time {
+	var t time.Time
+	for _, x := range ls {
+		if t.IsZero() || x.until.Before(t) {
+			t = x.until
+		}
+	}
+	return t
+}
+
+// release drops lease id, and reports whether it was held (slots.lua's
+// release).
+func (ls *leaseSet) release(id uint64) bool {
+	for i, x := range *ls {
+		if x.id == id {
+			(*ls)[i] = (*ls)[len(*ls)-1]
+			*ls = (*ls)[:len(*ls)-1]
+			return true
+		}
+	}
+	return false
 }
 
 type inFlightWaiter struct {
@@ -100,10 +154,13 @@ func (l *InFlightLimit) Acquire(ctx context.Context, key string, maxWait time.Du
 		l.keys[key] = s
 	}
 	l.expire(s, start)
-	if len(s.waiters) == 0 && len(s.leases) < l.n {
-		id := l.grant(s, start)
-		l.mu.Unlock()
-		return l.releaser(key, id), 0, nil
+	if len(s.waiters) == 0 {
+		if taken, _ := s.leases.acquire(l.ids+1, l.n, start, l.lease); taken {
+			l.ids++
+			id := l.ids
+			l.mu.Unlock()
+			return l.releaser(key, id), 0, nil
+		}
 	}
 	w := &inFlightWaiter{ready: make(chan struct{})}
 	s.waiters = append(s.waiters, w)
@@ -125,7 +182,7 @@ func (l *InFlightLimit) await(ctx context.Context, key string, s *slots, w *inFl
 	for {
 		// Wake when the earliest lease of the key ends, to take it back.
 		l.mu.Lock()
-		next := l.nextExpiry(s)
+		next := s.leases.next()
 		l.mu.Unlock()
 		var expiry clock.Timer
 		var expired <-chan time.Time
@@ -186,48 +243,27 @@ func (l *InFlightLimit) leave(key string, s *slots, w *inFlightWaiter) bool {
 	return false
 }
 
-// grant gives s a new lease from now; l.mu is held.
-func (l *InFlightLimit) grant(s *slots, now time.Time) uint64 {
-	l.ids++
-	s.leases = append(s.leases, slotLease{id: l.ids, until: now.Add(l.lease)})
-	return l.ids
-}
-
 // expire takes back the leases of s that ended by now and hands free slots
 // to the waiters in order; l.mu is held.
 func (l *InFlightLimit) expire(s *slots, now time.Time) {
-	kept := s.leases[:0]
-	for _, x := range s.leases {
-		if x.until.After(now) {
-			kept = append(kept, x)
-		}
-	}
-	clear(s.leases[len(kept):])
-	s.leases = kept
+	s.leases.expire(now)
 	l.serve(s, now)
 }
 
 // serve hands free slots to the waiters of s in order; l.mu is held.
 func (l *InFlightLimit) serve(s *slots, now time.Time) {
-	for len(s.waiters) > 0 && len(s.leases) < l.n {
+	for len(s.waiters) > 0 {
+		taken, _ := s.leases.acquire(l.ids+1, l.n, now, l.lease)
+		if !taken {
+			return
+		}
+		l.ids++
 		w := s.waiters[0]
 		s.waiters[0] = nil
 		s.waiters = s.waiters[1:]
-		w.id = l.grant(s, now)
+		w.id = l.ids
 		close(w.ready)
 	}
-}
-
-// nextExpiry returns when the earliest lease of s ends; zero when none is
-// held. l.mu is held.
-func (l *InFlightLimit) nextExpiry(s *slots) time.Time {
-	var t time.Time
-	for _, x := range s.leases {
-		if t.IsZero() || x.until.Before(t) {
-			t = x.until
-		}
-	}
-	return t
 }
 
 // releaser returns the function that frees lease id of key.
@@ -243,13 +279,8 @@ func (l *InFlightLimit) release(key string, id uint64) {
 	if s == nil {
 		return
 	}
-	for i, x := range s.leases {
-		if x.id == id {
-			s.leases[i] = s.leases[len(s.leases)-1]
-			s.leases = s.leases[:len(s.leases)-1]
-			l.serve(s, l.clock.Now())
-			break
-		}
+	if s.leases.release(id) {
+		l.serve(s, l.clock.Now())
 	}
 	l.tidy(key, s)
 }

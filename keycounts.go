@@ -24,12 +24,20 @@ type keyCounts struct {
 	n        atomic.Int64 // the counters in m
 	kept     atomic.Int64 // the counters the last sweep left
 	sweeping sync.Mutex   // one sweep at a time
+
+	// hot is the counter raised last: an attempt of the same key raises it
+	// without the map, while no sweep has taken it out (the map's lookup,
+	// a hash of the key, was a twentieth of the allowed path).
+	hot atomic.Pointer[keyCount]
 }
 
 // keyCount is one key's count; swept (below 0) once a sweep has taken it
 // out of the map at 0. Only a count above 0 is lowered, by the caller that
 // raised it, so a counter is swept only while nobody holds it.
-type keyCount struct{ n atomic.Int64 }
+type keyCount struct {
+	n   atomic.Int64
+	key string
+}
 
 const (
 	keySweepMin = 64
@@ -41,15 +49,29 @@ func newKeyCounts() *keyCounts { return new(keyCounts) }
 // inc adds 1 to key's count and returns its counter, which the caller
 // lowers again with dec.
 func (s *keyCounts) inc(key string) *keyCount {
+	if c := s.hot.Load(); c != nil && c.key == key && c.raise() {
+		return c
+	}
 	for {
 		c := s.counter(key)
-		for n := c.n.Load(); n >= 0; n = c.n.Load() {
-			if c.n.CompareAndSwap(n, n+1) {
-				return c
+		if c.raise() {
+			if s.hot.Load() != c {
+				s.hot.Store(c)
 			}
+			return c
 		}
 		s.swept(key, c)
 	}
+}
+
+// raise adds 1 to c, unless a sweep has marked it swept (then false).
+func (c *keyCount) raise() bool {
+	for n := c.n.Load(); n >= 0; n = c.n.Load() {
+		if c.n.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+	return false
 }
 
 // swept takes c, key's counter, which a sweep marked swept, out of the map
@@ -86,7 +108,7 @@ func (s *keyCounts) counter(key string) *keyCount {
 	if v, ok := s.m.Load(key); ok {
 		return v.(*keyCount)
 	}
-	v, loaded := s.m.LoadOrStore(key, new(keyCount))
+	v, loaded := s.m.LoadOrStore(key, &keyCount{key: key})
 	if !loaded {
 		if n := s.n.Add(1); n >= max(2*s.kept.Load(), keySweepMin) {
 			s.sweep()

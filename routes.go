@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+
+	"github.com/egress-go/egress/internal/route"
 )
 
 // RouteKeys returns a key function (for WithKeyFunc) that names a request by
@@ -31,30 +33,24 @@ func RouteKeys(templates ...string) (func(*http.Request) string, error) {
 	rs := &routes{}
 	seen := map[string]bool{}
 	for _, t := range templates {
-		r, err := parseRoute(t)
-		if err != nil {
-			return nil, err
+		r, why := route.Parse(t)
+		if why == "" && seen[r.Canon] {
+			why = "given twice"
 		}
-		if seen[r.canon] {
-			return nil, configError("RouteKeys: template", fmt.Sprintf("%q", t), "given twice")
+		if why != "" {
+			return nil, configError("RouteKeys: template", fmt.Sprintf("%q", t), why)
 		}
-		seen[r.canon] = true
+		seen[r.Canon] = true
 		rs.list = append(rs.list, r)
 	}
 	return rs.key, nil
 }
 
+// routes is a RouteKeys function's templates (internal/route matches a
+// path against them), and the keys it has built.
 type routes struct {
-	list []route
+	list []route.Template
 	keys sync.Map // routeKey → string: host + template, built once
-}
-
-type route struct {
-	template string   // as given, without a trailing slash
-	canon    string   // with every parameter written {}
-	segs     []string // literal segments; "" for a parameter
-	rest     bool     // the last parameter takes the rest of the path
-	literals int
 }
 
 type routeKey struct {
@@ -62,83 +58,8 @@ type routeKey struct {
 	i    int // the route; -1 for none
 }
 
-func parseRoute(t string) (route, error) {
-	bad := func(why string) (route, error) {
-		return route{}, configError("RouteKeys: template", fmt.Sprintf("%q", t), why)
-	}
-	if !strings.HasPrefix(t, "/") {
-		return bad(`must begin with "/"`)
-	}
-	trimmed := strings.TrimSuffix(t, "/")
-	r := route{template: trimmed}
-	if trimmed == "" {
-		r.template = "/"
-		r.canon = "/"
-		return r, nil
-	}
-	parts := strings.Split(trimmed[1:], "/")
-	canon := make([]string, len(parts))
-	for i, p := range parts {
-		switch {
-		case p == "":
-			return bad("has an empty segment")
-		case strings.HasPrefix(p, "{") && strings.HasSuffix(p, "...}") && len(p) > 5:
-			if i != len(parts)-1 {
-				return bad("a {name...} parameter must be the last segment")
-			}
-			r.rest = true
-			canon[i] = "{...}"
-			r.segs = append(r.segs, "")
-		case strings.HasPrefix(p, "{") && strings.HasSuffix(p, "}") && len(p) > 2 && !strings.ContainsAny(p[1:len(p)-1], "{}"):
-			canon[i] = "{}"
-			r.segs = append(r.segs, "")
-		case strings.ContainsAny(p, "{}"):
-			return bad(fmt.Sprintf("segment %q is not a literal nor a {name} parameter", p))
-		default:
-			canon[i] = p
-			r.segs = append(r.segs, p)
-			r.literals++
-		}
-	}
-	r.canon = "/" + strings.Join(canon, "/")
-	return r, nil
-}
-
-// match reports whether path (without its leading "/" and any trailing
-// one) matches r.
-func (r *route) match(path string) bool {
-	if len(r.segs) == 0 {
-		return path == ""
-	}
-	for i, lit := range r.segs {
-		if path == "" {
-			return false
-		}
-		last := i == len(r.segs)-1
-		if last && r.rest {
-			return true
-		}
-		seg, tail, found := strings.Cut(path, "/")
-		if seg == "" || (lit != "" && seg != lit) {
-			return false
-		}
-		if last {
-			return !found
-		}
-		path = tail
-	}
-	return false
-}
-
 func (rs *routes) key(req *http.Request) string {
-	path := strings.TrimSuffix(strings.TrimPrefix(req.URL.EscapedPath(), "/"), "/")
-	best := -1
-	for i := range rs.list {
-		r := &rs.list[i]
-		if (best < 0 || r.literals > rs.list[best].literals) && r.match(path) {
-			best = i
-		}
-	}
+	best := route.Best(rs.list, strings.TrimSuffix(strings.TrimPrefix(req.URL.EscapedPath(), "/"), "/"))
 	host := req.URL.Host
 	if best < 0 {
 		return host
@@ -147,6 +68,6 @@ func (rs *routes) key(req *http.Request) string {
 	if v, ok := rs.keys.Load(k); ok {
 		return v.(string)
 	}
-	v, _ := rs.keys.LoadOrStore(k, host+rs.list[best].template)
+	v, _ := rs.keys.LoadOrStore(k, host+rs.list[best].Path)
 	return v.(string)
 }
