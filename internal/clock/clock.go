@@ -31,8 +31,9 @@ type Real struct{}
 // time.Now's two, wall and monotonic: 37 ns instead of 57 on a virtual
 // machine's clock (kvm-clock), where egress's allowed path reads the clock
 // once a request. The anchor is taken again once it is a second old, so a
-// step of the wall clock is seen within a second, as egress's own
-// arithmetic, all on the monotonic clock, never sees it.
+// step of the wall clock shows in the readings within a second (egress's
+// arithmetic between two readings uses their monotonic clock, and never
+// sees one).
 func (Real) Now() time.Time {
 	a := anchor.Load()
 	d := time.Since(*a)
