@@ -41,7 +41,7 @@ func TestQuietIsLearn(t *testing.T) {
 	for name, cfg := range cfgs {
 		t.Run(name, func(t *testing.T) {
 			seen := map[shape]int{}
-			for seed := range uint64(60) {
+			for seed := range uint64(propertyRuns(60)) {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				var st ctlState
 				now := ctlEpoch
