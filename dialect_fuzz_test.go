@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// The fuzz targets of the readers. Their seed corpora, under
-// testdata/fuzz, hold the providers' literal values (docs/dialects.md).
+// The fuzz target of the readers, over whole responses. Its seed corpus,
+// under testdata/fuzz, holds the providers' literal values
+// (docs/dialects.md); the values' parsers are fuzzed in internal/field.
 
 // FuzzReadSignal reads a response whose headers egress reads carry the
 // values a, b or c (header i gets one of them when bit i%64 of mask is
