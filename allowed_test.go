@@ -325,6 +325,21 @@ func TestKeyCounts(t *testing.T) {
 		assert.Equal(t, 0, c.dec())
 	}
 
+	// The counter raised last, swept at 0 while it was the last, is not
+	// raised again: the key gets a new one, in the map.
+	h := s.inc("hot")
+	assert.Same(t, h, s.hot.Load())
+	h.dec()
+	for i := range 4 * keySweepMin {
+		s.inc(fmt.Sprint("sweep", i)).dec()
+	}
+	require.Negative(t, h.n.Load(), "the sweep took the counter raised last")
+	s.hot.Store(h)
+	h2 := s.inc("hot")
+	assert.NotSame(t, h, h2)
+	assert.Equal(t, 1, s.count("hot"))
+	assert.Equal(t, 0, h2.dec())
+
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
