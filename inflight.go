@@ -155,9 +155,7 @@ func (l *InFlightLimit) Acquire(ctx context.Context, key string, maxWait time.Du
 	}
 	l.expire(s, start)
 	if len(s.waiters) == 0 {
-		if taken, _ := s.leases.acquire(l.ids+1, l.n, start, l.lease); taken {
-			l.ids++
-			id := l.ids
+		if id, ok := l.take(s, start); ok {
 			l.mu.Unlock()
 			return l.releaser(key, id), 0, nil
 		}
@@ -253,17 +251,26 @@ func (l *InFlightLimit) expire(s *slots, now time.Time) {
 // serve hands free slots to the waiters of s in order; l.mu is held.
 func (l *InFlightLimit) serve(s *slots, now time.Time) {
 	for len(s.waiters) > 0 {
-		taken, _ := s.leases.acquire(l.ids+1, l.n, now, l.lease)
-		if !taken {
+		id, ok := l.take(s, now)
+		if !ok {
 			return
 		}
-		l.ids++
 		w := s.waiters[0]
 		s.waiters[0] = nil
 		s.waiters = s.waiters[1:]
-		w.id = l.ids
+		w.id = id
 		close(w.ready)
 	}
+}
+
+// take gives s a new lease from now, with the next id, when fewer than n
+// are held; l.mu is held.
+func (l *InFlightLimit) take(s *slots, now time.Time) (id uint64, ok bool) {
+	if taken, _ := s.leases.acquire(l.ids+1, l.n, now, l.lease); !taken {
+		return 0, false
+	}
+	l.ids++
+	return l.ids, true
 }
 
 // releaser returns the function that frees lease id of key.
