@@ -458,23 +458,33 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 }
 
 // reserveBeating runs the reservation script with a heartbeat beside it,
-// in one pipeline: one round trip (see idleBeat). Scripts Redis does not
-// know yet (NOSCRIPT: a new or flushed server) are loaded by running the
-// reservation alone; the heartbeat is then left to the next one. A failed
+// in one pipeline: one round trip (see idleBeat). When Redis does not know
+// the scripts yet (NOSCRIPT: a new or flushed server), one more round trip
+// sends their source (EVAL, which also loads them), the pair again in one
+// pipeline: a fleet that starts together on a new server pays one round
+// trip each for the loading, not two (EVALSHA, then EVAL). A failed
 // heartbeat changes nothing: the reservation's result decides.
 func (s *shared) reserveBeating(ctx context.Context, keys []string, args []any) (any, error) {
+	rc := s.pipeBeating(ctx, keys, args, (*redis.Script).EvalSha)
+	if err := rc.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		rc = s.pipeBeating(ctx, keys, args, (*redis.Script).Eval)
+	}
+	return rc.Result()
+}
+
+// pipeBeating sends the reservation and a heartbeat in one pipeline, each
+// by run (EVALSHA or EVAL), and records the heartbeat Redis took.
+func (s *shared) pipeBeating(ctx context.Context, keys []string, args []any,
+	run func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) *redis.Cmd {
 	pipe := s.rdb.Pipeline()
 	now := caller.Now(s.clock)
-	rc := s.reserveScript.EvalSha(ctx, pipe, keys, append(args, now)...)
-	hc := s.heartbeatScript.EvalSha(ctx, pipe, []string{s.membersKey()}, append(beat(s.id, s.instanceTTL(), true), now)...)
+	rc := run(s.reserveScript, ctx, pipe, keys, append(args, now)...)
+	hc := run(s.heartbeatScript, ctx, pipe, []string{s.membersKey()}, append(beat(s.id, s.instanceTTL(), true), now)...)
 	_, _ = pipe.Exec(ctx)
 	if n, err := hc.Int64(); err == nil {
 		s.beaten(n)
 	}
-	if err := rc.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return caller.Run(ctx, s.rdb, s.clock, s.reserveScript, keys, args...).Result()
-	}
-	return rc.Result()
+	return rc
 }
 
 // parseReserve checks and reads the script's reply: the pause left, the
