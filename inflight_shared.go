@@ -243,23 +243,24 @@ func (s *SharedInFlightLimit) try(id, lease string) (bool, time.Duration, error)
 	var reply []int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, "acquire", lease, s.n, micros(min(s.live, s.lease))).Int64Slice()
+		reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, acquireArgs(lease, s.n, min(s.live, s.lease))...).Int64Slice()
 		return err
 	})
 	if err != nil {
 		return false, 0, err
 	}
-	if len(reply) != 2 || reply[1] < 0 {
+	r, err := parseSlots(reply)
+	if err != nil || r.n > 1 {
 		return false, 0, fmt.Errorf("egress: shared in-flight limit %s: malformed reply %v", s.name, reply)
 	}
-	if reply[0] == 1 {
+	if r.n == 1 {
 		s.admitted.Add(1)
 		s.mu.Lock()
 		s.held[lease] = heldLease{keyID: id, until: time.Now().Add(s.lease)}
 		s.mu.Unlock()
 		return true, 0, nil
 	}
-	return false, time.Duration(reply[1]) * time.Microsecond, nil
+	return false, r.wait, nil
 }
 
 // releaser returns the function that gives lease of key id back, once.
@@ -286,18 +287,10 @@ func (s *SharedInFlightLimit) release(id, lease string) {
 
 // releaseAll removes the leases of key id from Redis.
 func (s *SharedInFlightLimit) releaseAll(id string, leases ...string) error {
-	args := append([]any{"release", s.channel(), id}, anys(leases)...)
+	args := releaseArgs(s.channel(), id, leases)
 	return s.do(func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, args...).Err()
 	})
-}
-
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, v := range ss {
-		out[i] = v
-	}
-	return out
 }
 
 // orphan records a lease to remove from Redis once it answers again.
@@ -461,14 +454,14 @@ func (s *SharedInFlightLimit) beat() {
 // leases groups the leases of m by key id, with the life each is given in
 // Redis: the liveness period, or less when its lease time ends sooner. A
 // lease whose lease time has ended is dropped from m. s.mu is held.
-func (s *SharedInFlightLimit) leases(m map[string]heldLease, now time.Time) map[string][]string {
-	by := map[string][]string{}
+func (s *SharedInFlightLimit) leases(m map[string]heldLease, now time.Time) map[string][]slotsLease {
+	by := map[string][]slotsLease{}
 	for lease, h := range m {
 		if !h.until.After(now) {
 			delete(m, lease) // ended: expired in Redis, or taken back by the fallback
 			continue
 		}
-		by[h.keyID] = append(by[h.keyID], lease, strconv.FormatInt(micros(min(s.live, h.until.Sub(now))), 10))
+		by[h.keyID] = append(by[h.keyID], slotsLease{lease: lease, life: micros(min(s.live, h.until.Sub(now)))})
 	}
 	return by
 }
@@ -479,15 +472,15 @@ func (s *SharedInFlightLimit) renew() {
 	s.mu.Lock()
 	by := s.leases(s.held, time.Now())
 	s.mu.Unlock()
-	for id, pairs := range by {
+	for id, leases := range by {
 		var reply []int64
 		err := s.do(func(ctx context.Context) error {
 			var err error
-			reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"renew"}, anys(pairs)...)...).Int64Slice()
+			reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, leasesArgs("renew", leases)...).Int64Slice()
 			return err
 		})
-		if err == nil && len(reply) == 2 && reply[0] < int64(len(pairs)/2) {
-			s.restore(id, pairs)
+		if r, perr := parseSlots(reply); err == nil && perr == nil && r.n < int64(len(leases)) {
+			s.restore(id, leases)
 		}
 	}
 }
@@ -498,25 +491,25 @@ func (s *SharedInFlightLimit) adopt() {
 	s.mu.Lock()
 	by := s.leases(s.local, time.Now())
 	s.mu.Unlock()
-	for id, pairs := range by {
-		s.restore(id, pairs)
+	for id, leases := range by {
+		s.restore(id, leases)
 	}
 }
 
-// restore adds the leases of key id (pairs of lease id and life) that
-// Redis lacks; then those still held, in Redis or through the fallback,
-// are held in Redis, and those released meanwhile are removed again.
-func (s *SharedInFlightLimit) restore(id string, pairs []string) {
+// restore adds the leases of key id that Redis lacks; then those still
+// held, in Redis or through the fallback, are held in Redis, and those
+// released meanwhile are removed again.
+func (s *SharedInFlightLimit) restore(id string, leases []slotsLease) {
 	err := s.do(func(ctx context.Context) error {
-		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, append([]any{"adopt"}, anys(pairs)...)...).Err()
+		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, leasesArgs("adopt", leases)...).Err()
 	})
 	if err != nil {
 		return // next time
 	}
 	var gone []string
 	s.mu.Lock()
-	for i := 0; i < len(pairs); i += 2 {
-		lease := pairs[i]
+	for _, l := range leases {
+		lease := l.lease
 		if h, ok := s.local[lease]; ok {
 			delete(s.local, lease)
 			s.held[lease] = h

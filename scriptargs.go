@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"fmt"
 	"reflect"
 	"time"
 )
@@ -108,6 +109,83 @@ type heartbeatArgv struct {
 // ttl after it, joining (or leaving) the fleet.
 func beat(id string, ttl time.Duration, join bool) []any {
 	return argv(make([]any, 0, 4), &heartbeatArgv{id: id, ttl: ttl.Milliseconds(), join: b2i(join)})
+}
+
+// slots.lua's ARGV, a type an operation: its ARGV[1] (slotsOp), then
+// the operation's own arguments.
+
+// slotsOp is slots.lua's ARGV[1]: acquire, adopt, renew or release.
+type slotsOp struct {
+	op string `argv:"1"`
+}
+
+// slotsAcquire is slots.lua's ARGV after "acquire": take a lease if fewer
+// than most are live.
+type slotsAcquire struct {
+	lease string `argv:"2"`
+	most  int    `argv:"3"`
+	life  int64  `argv:"4"` // us
+}
+
+// slotsLease is a lease of slots.lua's "adopt" and "renew", one a lease.
+type slotsLease struct {
+	lease string `argv:"2"`
+	life  int64  `argv:"3"` // us
+}
+
+// slotsRelease is slots.lua's ARGV after "release", before the lease ids
+// (slotsReleased).
+type slotsRelease struct {
+	channel string `argv:"2"`
+	payload string `argv:"3"`
+}
+
+// slotsReleased is a lease id of slots.lua's "release", one a lease.
+type slotsReleased struct {
+	lease string `argv:"4"`
+}
+
+// acquireArgs returns slots.lua's arguments to take lease, for life, when
+// fewer than most are live.
+func acquireArgs(lease string, most int, life time.Duration) []any {
+	return argv(argv(make([]any, 0, 5), &slotsOp{"acquire"}), &slotsAcquire{lease: lease, most: most, life: micros(life)})
+}
+
+// leasesArgs returns slots.lua's arguments to adopt or renew leases.
+func leasesArgs(op string, leases []slotsLease) []any {
+	args := argv(make([]any, 0, 2+2*len(leases)), &slotsOp{op})
+	for i := range leases {
+		args = argv(args, &leases[i])
+	}
+	return args
+}
+
+// releaseArgs returns slots.lua's arguments to remove leases, each one
+// removed announced on channel with payload.
+func releaseArgs(channel, payload string, leases []string) []any {
+	args := argv(make([]any, 0, 4+len(leases)), &slotsOp{"release"})
+	args = argv(args, &slotsRelease{channel: channel, payload: payload})
+	for _, l := range leases {
+		args = argv(args, &slotsReleased{lease: l})
+	}
+	return args
+}
+
+// slotsReply is slots.lua's reply: how many leases were taken (1 or 0),
+// added, renewed or removed, and, for an acquire that took none, the time
+// until the earliest lease expires.
+type slotsReply struct {
+	n    int64
+	wait time.Duration
+}
+
+// parseSlots checks and reads slots.lua's reply: two values, neither
+// negative. A malformed reply is an error, never a panic.
+func parseSlots(reply []int64) (slotsReply, error) {
+	if len(reply) != 2 || reply[0] < 0 || reply[1] < 0 {
+		return slotsReply{}, fmt.Errorf("malformed reply %v", reply)
+	}
+	return slotsReply{n: reply[0], wait: time.Duration(reply[1]) * time.Microsecond}, nil
 }
 
 // argv appends the fields of v, a pointer to one of the types above, to

@@ -2,18 +2,26 @@
 -- Redis server's clock (follows now.lua).
 --
 -- KEYS[1]  the key's leases: a sorted set of lease id -> expiry (us)
--- ARGV[1]  what to do, and its arguments:
---   "acquire", lease id, the most leases the key may hold, life (us):
---     take a lease if fewer than that many are live. Returns {1, 0} when
---     taken, {0, wait} when every slot is held, wait being the time (us)
---     until the earliest lease expires.
---   "adopt", then pairs of lease id and life (us): add the leases whatever
---     the count (slots taken while Redis was unreachable). Returns {added, 0}.
---   "renew", then pairs of lease id and life (us): extend the leases that
---     are still there, never adding one (a lease released or expired stays
---     gone). Returns {renewed, 0}.
---   "release", channel, payload, then lease ids: remove the leases, and
---     announce each one removed on the channel. Returns {removed, 0}.
+-- ARGV[1]  what to do: acquire, adopt, renew or release; its arguments
+--          follow it, as below.
+-- acquire:
+-- ARGV[2]  a lease id
+-- ARGV[3]  the most leases the key may hold
+-- ARGV[4]  the lease's life (us)
+--          Takes the lease if fewer than that many are live. Returns
+--          {1, 0} when taken, {0, wait} when every slot is held, wait
+--          being the time (us) until the earliest lease expires.
+-- adopt, renew:
+-- ARGV[2], ARGV[3], ...  a lease id and its life (us), a lease
+--          adopt adds the leases whatever the count (slots taken while
+--          Redis was unreachable). Returns {added, 0}. renew extends the
+--          leases that are still there, never adding one (a lease released
+--          or expired stays gone). Returns {renewed, 0}.
+-- release:
+-- ARGV[2]  the channel to announce each lease removed on
+-- ARGV[3]  the announcement
+-- ARGV[4], ...  a lease id, a lease
+--          Removes the leases. Returns {removed, 0}.
 --
 -- The key expires a second after its last lease, so idle keys vanish.
 local op = ARGV[1]
