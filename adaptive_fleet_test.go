@@ -409,7 +409,7 @@ func TestAdaptiveFleetOff(t *testing.T) {
 	for s, got := range r.rates {
 		assert.Equal(t, float64(adpRate), got, "second %d", s+1)
 	}
-	n, err := rdb.HExists(context.Background(), adpRateKey("off", key), "wmax").Result()
+	n, err := rdb.HExists(context.Background(), adpRateKey("off", key), fieldWmax).Result()
 	require.NoError(t, err)
 	assert.False(t, n, "no discovered limit in Redis")
 }

@@ -560,12 +560,12 @@ func TestLuaMeasuresAnEmptyBucket(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			body := fmt.Sprintf(`redis.call('DEL', 'de')
 local base = math.floor(now / ringSlot) * ringSlot - 5000000
-redis.call('HSET', 'de', 'hist', base - 1000000, 'climb', base - 1000000, 'wmax', 70, 'w0', 70)
+redis.call('HSET', 'de', field.hist, base - 1000000, field.climb, base - 1000000, field.wmax, 70, field.w0, 70)
 drain('de', 0, now, base, 0, 0, 0, 1, 1000000 / 70, 70, 100, 1, 10, 10)
 for i = 1, %d do grant('de', base + i * %d, 1) end
-redis.call('HSET', 'de', 'drf', %d, 'climb', base) -- (a level-off sets the climb at the script's now)
+redis.call('HSET', 'de', field.drf, %d, field.climb, base) -- (a level-off sets the climb at the script's now)
 drain('de', 0, now, base + %d, 0, 0, 0, 1, 1000000 / 70, 70, 100, 1, 10, 10)
-return {redis.call('HGET', 'de', 'wmax')}`, turns, (span / turns).Microseconds(), tc.drf, span.Microseconds())
+return {redis.call('HGET', 'de', field.wmax)}`, turns, (span / turns).Microseconds(), tc.drf, span.Microseconds())
 			got := evalFloats(t, ctx, run, body)
 			assert.InDelta(t, tc.want, got[0], 1e-6, "the script's level")
 		})
@@ -588,7 +588,7 @@ return {redis.call('HGET', 'de', 'wmax')}`, turns, (span / turns).Microseconds()
 		require.NoError(t, l.Learn(ctx, "k", count(429, marked.Add(-time.Millisecond))).Err)
 		require.NoError(t, l.Learn(ctx, "k", count(429, time.Now())).Err)
 		require.NoError(t, l.Learn(ctx, "k", count(429, time.Now())).Err)
-		drf, err := rdb.HGet(ctx, l.redisKeys(keyID("k"))[2], "drf").Int()
+		drf, err := rdb.HGet(ctx, l.redisKeys(keyID("k"))[2], fieldDrf).Int()
 		require.NoError(t, err)
 		assert.Equal(t, 2, drf, "the two refusals sent after the mark, not the one sent before it")
 	})
@@ -695,7 +695,7 @@ func TestSharedControllerSteps(t *testing.T) {
 					assert.InDelta(t, goSt.rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1e-6, "step %d: rate", j)
 				}
 				// The climb's plateau (plateauFor), as the script keeps it.
-				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyID("k"))[2], "pl").Float64()
+				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyID("k"))[2], fieldPl).Float64()
 				if errors.Is(err, redis.Nil) {
 					pl, err = 0, nil
 				}
@@ -840,7 +840,7 @@ func TestLuaDrainMarkMatchesGo(t *testing.T) {
 				lines = append(lines, fmt.Sprintf("drain('dm', 0, now, base + %d, %g, %g, %g, 1, 10000, 50, 100, 0, 10, 10)",
 					c.at.Microseconds(), c.rem, c.rem, c.rem))
 			}
-			lines = append(lines, "local st = redis.call('HMGET', 'dm', 'dra', 'drr')",
+			lines = append(lines, "local st = redis.call('HMGET', 'dm', field.dra, field.drr)",
 				"if not st[1] then return {'-1', '-1'} end",
 				"return {string.format('%.0f', tonumber(st[1]) - base), st[2]}")
 			got := evalFloats(t, ctx, run, strings.Join(lines, "\n"))
@@ -867,7 +867,7 @@ func TestLuaRingMovesWithTheTurns(t *testing.T) {
 	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil, "@").Result() }
 	ring := `redis.call('DEL', 'rg')
 local base = math.floor(now / ringSlot) * ringSlot - 1000000
-redis.call('HSET', 'rg', 'hist', string.format('%.0f', base - 100000))
+redis.call('HSET', 'rg', field.hist, string.format('%.0f', base - 100000))
 for i = 0, 9 do grant('rg', base + 5000 + i * ringSlot, 1) end
 local function counts()
   return string.format('%.0f', between('rg', base - 1, base + 99999, base - 100000)),

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var updateTune = flag.Bool("update", false, "write internal/lua/tune.lua from the Go constants")
+var updateTune = flag.Bool("update", false, "write internal/lua/tune.lua and fields.lua from the Go constants")
 
 // scriptTune is every number the scripts share with the Go, by the name of
 // its Go constant: written once, in the Go, and generated into
@@ -86,15 +86,22 @@ local tune = {
 }
 
 // TestScriptTune: internal/lua/tune.lua holds the Go's constants as they
-// are (go generate ./... writes it: this test with -update).
+// are, and internal/lua/fields.lua the names of the hashes' fields in
+// sharedfields.go (go generate ./... writes them: this test with
+// -update).
 func TestScriptTune(t *testing.T) {
-	const path = "internal/lua/tune.lua"
-	want := renderTune()
-	if *updateTune {
-		require.NoError(t, os.WriteFile(path, []byte(want), 0o644))
-		return
-	}
-	got, err := os.ReadFile(path)
+	groups, err := fieldGroups("sharedfields.go")
 	require.NoError(t, err)
-	require.Equal(t, want, string(got), "%s is not the Go's constants: run go generate ./...", path)
+	for path, want := range map[string]string{
+		"internal/lua/tune.lua":   renderTune(),
+		"internal/lua/fields.lua": renderFields(groups),
+	} {
+		if *updateTune {
+			require.NoError(t, os.WriteFile(path, []byte(want), 0o644))
+			continue
+		}
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, want, string(got), "%s is not the Go's: run go generate ./...", path)
+	}
 }

@@ -358,7 +358,7 @@ func agedKey(t *testing.T, s *shared, key string) {
 	now, err := s.rdb.Time(ctx).Result()
 	require.NoError(t, err)
 	state := s.redisKeys(keyID(key))[2]
-	require.NoError(t, s.rdb.HSet(ctx, state, "hist", now.Add(-2*time.Second).UnixMicro()).Err())
+	require.NoError(t, s.rdb.HSet(ctx, state, fieldHist, now.Add(-2*time.Second).UnixMicro()).Err())
 }
 
 // sharedOf returns the shared state of one of the package's shared

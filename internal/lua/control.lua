@@ -87,8 +87,8 @@ local function boundsOf()
   return lo, hi
 end
 
-local st = redis.call('HMGET', KEYS[1], 'shape', 'zat', 'zun', 'dec', 'wmax', 'advu', 'storm', 'zunit', 'zres', 'w0', 'dra',
-  'gd', 'bk', 'bn', 'bwt')
+local st = redis.call('HMGET', KEYS[1], field.shape, field.zat, field.zun, field.dec, field.wmax, field.advu,
+  field.storm, field.zunit, field.zres, field.w0, field.dra, field.gd, field.bk, field.bn, field.bwt)
 local shape = tonumber(st[1]) or 0
 local zat, zun, dec, prev = tonumber(st[2]), tonumber(st[3]), tonumber(st[4]), tonumber(st[5])
 local advu, storm, zunit = tonumber(st[6]), tonumber(st[7]) or 0, tonumber(st[8]) or 0
@@ -101,9 +101,10 @@ local gd, bk, bn = tonumber(st[12]), tonumber(st[13]), tonumber(st[14]) or 0
 local bwt = tonumber(st[15])
 if ARGV[21] == '1' then
   -- A storm: the decreases it caused were mistaken.
-  redis.call('HDEL', KEYS[1], 'wmax', 'w0', 'climb', 'pl', 'ph', 'pk', 'pc', 'pg', 'pn', 'parm', 'gd', 'bk', 'bn')
+  redis.call('HDEL', KEYS[1], field.wmax, field.w0, field.climb, field.pl, field.ph, field.pk, field.pc, field.pg,
+    field.pn, field.parm, field.gd, field.bk, field.bn)
   storm = now + tonumber(ARGV[23])
-  redis.call('HSET', KEYS[1], 'storm', string.format('%.0f', storm))
+  redis.call('HSET', KEYS[1], field.storm, string.format('%.0f', storm))
   prev, pw0, gd, bk, bn = nil, nil, nil, nil, 0
 end
 if exhausted and ARGV[22] == '1' and storm > now then
@@ -111,7 +112,7 @@ if exhausted and ARGV[22] == '1' and storm > now then
   exhausted = false
 end
 if ARGV[31] == '1' then
-  redis.call('HSET', KEYS[1], 'parm', string.format('%.0f', now + tonumber(ARGV[23])))
+  redis.call('HSET', KEYS[1], field.parm, string.format('%.0f', now + tonumber(ARGV[23])))
 end
 
 -- A start-up collision (collides in controller.go, its twin): a refusal
@@ -124,7 +125,7 @@ end
 -- when one is on) rather than for the Retry-After.
 local collision = false
 if exhausted and throttled and sent >= 0 and old >= configured and ra <= tune.collisionSpan then
-  local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
+  local hist = tonumber(redis.call('HGET', KEYS[1], field.hist) or '')
   if hist and sent < hist + tune.collisionSpan then
     local r = refusedLastSecond(KEYS[1], now) + 1 -- (this one is counted below)
     collision = r <= math.max(tune.collisionMin, burst) or r <= tune.collisionShare * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
@@ -141,7 +142,7 @@ elseif shape == 0 and zat and zun and sent > zat and sent < zun then
     -- before this request arrived; nothing is learnt from one such
     -- answer, but two that each say none is left, and one that said some
     -- was left short of the whole limit, are a bucket's (see learnShape)
-    local ag = redis.call('HMGET', KEYS[1], 'sag', 'sar')
+    local ag = redis.call('HMGET', KEYS[1], field.sag, field.sar)
     local sag, sar = tonumber(ag[1] or '0') or 0, ag[2] == '1'
     if rem == 0 then
       sag = sag + 1
@@ -150,40 +151,40 @@ elseif shape == 0 and zat and zun and sent > zat and sent < zun then
     end
     if sag >= 2 and sar then
       shape = 2
-      redis.call('HDEL', KEYS[1], 'zat', 'zun', 'amb', 'sag', 'sar')
+      redis.call('HDEL', KEYS[1], field.zat, field.zun, field.amb, field.sag, field.sar)
       zat, zun = nil, nil
     else
-      redis.call('HSET', KEYS[1], 'sag', sag, 'sar', sar and 1 or 0)
+      redis.call('HSET', KEYS[1], field.sag, sag, field.sar, sar and 1 or 0)
     end
   elseif accepted then
     -- accepted before the reset: a bucket, unless the whole limit came
     -- back (a window that reset early, or a small bucket full again),
     -- which is a bucket's only twice in a row; the first answer tells
-    redis.call('HDEL', KEYS[1], 'zat', 'zun')
+    redis.call('HDEL', KEYS[1], field.zat, field.zun)
     zat, zun = nil, nil
     local amb = 0
     if lim >= 0 and rem >= lim - 1 then
-      amb = (tonumber(redis.call('HGET', KEYS[1], 'amb') or '0') or 0) + 1
+      amb = (tonumber(redis.call('HGET', KEYS[1], field.amb) or '0') or 0) + 1
     end
     if amb == 1 then
-      redis.call('HSET', KEYS[1], 'amb', 1)
+      redis.call('HSET', KEYS[1], field.amb, 1)
     else
       shape = 2
-      redis.call('HDEL', KEYS[1], 'amb')
+      redis.call('HDEL', KEYS[1], field.amb)
     end
   elseif exhausted and throttled and not collision and rem == 0 and zunit > 0 and sent - zat >= zunit then
     -- refused a unit's refill or more after the zero: no bucket, a window
     shape = 1
-    redis.call('HDEL', KEYS[1], 'amb')
+    redis.call('HDEL', KEYS[1], field.amb)
   end
 end
 if ARGV[28] == '1' then
   local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-  redis.call('HSET', KEYS[1], 'shape', shape)
+  redis.call('HSET', KEYS[1], field.shape, shape)
   local keep, left = report(KEYS[1], now, rem, reset, unit, sent, tonumber(ARGV[27]), tat, 0, resolution(reset))
   -- (report learns a bucket from how many the fleet was granted: the
   -- shape written back below is the one it leaves)
-  shape = tonumber(redis.call('HGET', KEYS[1], 'shape')) or shape
+  shape = tonumber(redis.call('HGET', KEYS[1], field.shape)) or shape
   if keep and accepted then
     -- A bucket's count on a success: the fleet's bucket holds no more
     -- than it leaves (as in reserve.lua).
@@ -194,15 +195,15 @@ if ARGV[28] == '1' then
     end
   end
 elseif shape == 2 then
-  redis.call('HDEL', KEYS[1], 'bud', 'budu', 'budn')
+  redis.call('HDEL', KEYS[1], field.bud, field.budu, field.budn)
 end
 if adv > 0 then
-  redis.call('HSET', KEYS[1], 'adv', string.format('%.17g', adv), 'advu', string.format('%.0f', now + ttl))
+  redis.call('HSET', KEYS[1], field.adv, string.format('%.17g', adv), field.advu, string.format('%.0f', now + ttl))
   advu = now + ttl
   if adv < old then
     -- Throttles to requests sent before this lowering belong to the old
     -- rate: they lower nothing further.
-    redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', now))
+    redis.call('HSET', KEYS[1], field.dec, string.format('%.0f', now))
     dec = now
   end
 end
@@ -216,7 +217,7 @@ if exhausted and throttled then
   if sent >= 0 then refused(KEYS[1], sent) else refused(KEYS[1], now) end
   -- A refusal sent after the drain's mark: its turn is among those the
   -- mark's measure counts, and the provider did not take it (see drain).
-  if dra and sent >= dra then redis.call('HINCRBY', KEYS[1], 'drf', 1) end
+  if dra and sent >= dra then redis.call('HINCRBY', KEYS[1], field.drf, 1) end
 end
 if exhausted then
   local rateUnit = 1000000 / old
@@ -243,16 +244,16 @@ if exhausted then
       -- it tell nothing)
       local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
       local z = math.max(now, tat - math.max(burst, 1) * rateUnit)
-      redis.call('HSET', KEYS[1], 'zat', string.format('%.0f', z), 'zun', string.format('%.0f', now + reset),
-        'zunit', string.format('%.0f', unit), 'zres', resolution(reset))
-      redis.call('HDEL', KEYS[1], 'sag', 'sar')
+      redis.call('HSET', KEYS[1], field.zat, string.format('%.0f', z), field.zun, string.format('%.0f', now + reset),
+        field.zunit, string.format('%.0f', unit), field.zres, resolution(reset))
+      redis.call('HDEL', KEYS[1], field.sag, field.sar)
     end
     if shape == 1 then
       -- until the reset, or the earliest end a report of the same window
       -- stated (the budget's, see report in rate.lua: an instance whose
       -- answers dated the window's start narrowed it)
       local e = now + reset
-      local bu = tonumber(redis.call('HGET', KEYS[1], 'budu') or '')
+      local bu = tonumber(redis.call('HGET', KEYS[1], field.budu) or '')
       if bu and bu > now and bu < e then e = bu end
       untilus = math.max(e, now + ra)
     elseif shape == 2 then
@@ -267,7 +268,7 @@ if exhausted then
         local s = sent
         if s < 0 then s = now end
         if ra >= 0 and not (bwt and bwt >= now + ra) then
-          redis.call('HSET', KEYS[1], 'bwt', string.format('%.0f', now + ra))
+          redis.call('HSET', KEYS[1], field.bwt, string.format('%.0f', now + ra))
         end
         local _, hi = boundsOf()
         if (bwt and s < bwt) or (hi and not (advu and now < advu) and old > hi) then
@@ -281,7 +282,7 @@ if exhausted then
       -- after the hold the budget is forgotten until the next report, as
       -- in spend (rate.lua): the answers to the requests sent then tell
       -- the shape
-      redis.call('HDEL', KEYS[1], 'bud', 'budu')
+      redis.call('HDEL', KEYS[1], field.bud, field.budu)
     end
   end
   local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
@@ -310,7 +311,7 @@ if exhausted then
       -- A throttle without counts: probes follow, a gap apart (see storm
       -- in controller.go), the first at the hold's end; more than one
       -- after a sign, or a long hold, only.
-      local pst = redis.call('HMGET', KEYS[1], 'parm', 'ph', 'pk')
+      local pst = redis.call('HMGET', KEYS[1], field.parm, field.ph, field.pk)
       local armed, last, lastk = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3])
       -- A hold that extends one not yet ended keeps its probes: those
       -- granted already (turns are reserved ahead of the hold's end)
@@ -324,9 +325,10 @@ if exhausted then
       elseif ARGV[32] ~= '1' and not (armed and armed > now) then
         pk = 1
       end
-      redis.call('HSET', KEYS[1], 'ph', string.format('%.0f', untilus), 'pk', pk, 'pg', string.format('%.0f', pg))
+      redis.call('HSET', KEYS[1], field.ph, string.format('%.0f', untilus), field.pk, pk,
+        field.pg, string.format('%.0f', pg))
       if not extends then
-        redis.call('HSET', KEYS[1], 'pc', 0)
+        redis.call('HSET', KEYS[1], field.pc, 0)
         if given >= untilus then
           -- Turns given before the hold fall after its end, and go first:
           -- the first probe goes a gap after the last of them, alone.
@@ -338,10 +340,10 @@ if exhausted then
           -- is as of the hold's end: the burst it refilled meanwhile went
           -- with the probe, at the same instant, and a provider with a
           -- burst of one refused them all.)
-          redis.call('HSET', KEYS[1], 'pn', string.format('%.0f', given + pg))
+          redis.call('HSET', KEYS[1], field.pn, string.format('%.0f', given + pg))
           emptyAsOf(given + pg)
         else
-          redis.call('HDEL', KEYS[1], 'pn')
+          redis.call('HDEL', KEYS[1], field.pn)
         end
       end
       told = told .. ' p' .. pk
@@ -363,12 +365,12 @@ if exhausted then
       bn = bn + 1
       local wait = tune.backHolds * 2 ^ bn * (cur - now)
       if cur <= now or wait > tune.maxPlateau then
-        redis.call('HDEL', KEYS[1], 'gd', 'bk', 'bn')
+        redis.call('HDEL', KEYS[1], field.gd, field.bk, field.bn)
       else
-        redis.call('HSET', KEYS[1], 'bk', string.format('%.0f', cur + wait), 'bn', bn)
+        redis.call('HSET', KEYS[1], field.bk, string.format('%.0f', cur + wait), field.bn, bn)
       end
       local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-      redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', math.max(now, tat - math.max(burst, 1) * rateUnit)))
+      redis.call('HSET', KEYS[1], field.dec, string.format('%.0f', math.max(now, tat - math.max(burst, 1) * rateUnit)))
       decreased = true
     else
       local wmax, w0 = old, beta * old
@@ -377,7 +379,7 @@ if exhausted then
       -- (an instance sees a share of the outcomes: too few, alone, for an
       -- estimate of its own). The lower of the two counts.
       -- (Since the ring began, when that is less than a second ago.)
-      local hist = tonumber(redis.call('HGET', KEYS[1], 'hist') or '')
+      local hist = tonumber(redis.call('HGET', KEYS[1], field.hist) or '')
       local g = nil
       if hist then g = granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) end
       local r = refusedLastSecond(KEYS[1], now)
@@ -424,8 +426,8 @@ if exhausted then
       local tat = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
       local last = tat - math.max(burst, 1) * rateUnit
       w0 = math.max(w0, floor)
-      redis.call('HSET', KEYS[1], 'wmax', string.format('%.17g', wmax), 'w0', string.format('%.17g', w0),
-        'climb', string.format('%.0f', math.max(now, cur)), 'dec', string.format('%.0f', math.max(now, last)))
+      redis.call('HSET', KEYS[1], field.wmax, string.format('%.17g', wmax), field.w0, string.format('%.17g', w0),
+        field.climb, string.format('%.0f', math.max(now, cur)), field.dec, string.format('%.0f', math.max(now, last)))
       -- Without counts, the climb stays at its aim until eight holds after
       -- it began, a minute at most (plateauFor, probeHolds, maxPlateau).
       local pl = 0
@@ -433,9 +435,9 @@ if exhausted then
         pl = math.max(math.min(8 * (cur - now) / 1000000, 60) - cubicK(w0, wmax, c), 0)
       end
       if pl > 0 then
-        redis.call('HSET', KEYS[1], 'pl', string.format('%.17g', pl))
+        redis.call('HSET', KEYS[1], field.pl, string.format('%.17g', pl))
       else
-        redis.call('HDEL', KEYS[1], 'pl')
+        redis.call('HDEL', KEYS[1], field.pl)
       end
       decreased = true
       if ARGV[22] == '1' then
@@ -447,16 +449,16 @@ if exhausted then
           gd, bn, bk = old, 0, nil
         end
         if gd and cur > now then
-          redis.call('HSET', KEYS[1], 'gd', string.format('%.17g', gd), 'bn', bn,
-            'bk', string.format('%.0f', math.max(bk or 0, cur + 2 * (cur - now))))
+          redis.call('HSET', KEYS[1], field.gd, string.format('%.17g', gd), field.bn, bn,
+            field.bk, string.format('%.0f', math.max(bk or 0, cur + 2 * (cur - now))))
         else
-          redis.call('HDEL', KEYS[1], 'gd', 'bk', 'bn')
+          redis.call('HDEL', KEYS[1], field.gd, field.bk, field.bn)
         end
       end
     end
   end
 end
-redis.call('HSET', KEYS[1], 'shape', shape)
+redis.call('HSET', KEYS[1], field.shape, shape)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000))
 local new = effective(KEYS[1], now, configured, discover, c, floor)
 if new ~= old then
@@ -470,7 +472,7 @@ if new ~= old then
   local moved, last = retime(KEYS[1], tat, from, old, new, burst, now, ARGV[18], ARGV[19], queue)
   if moved ~= tat then
     redis.call('SET', KEYS[3], string.format('%.3f', moved), 'PX', math.max(math.ceil((moved - now) / 1000) + 1, 1))
-    if decreased and last > now then redis.call('HSET', KEYS[1], 'dec', string.format('%.0f', last)) end
+    if decreased and last > now then redis.call('HSET', KEYS[1], field.dec, string.format('%.0f', last)) end
   end
   if emptied and burst > 0 and new < old then
     -- Emptied as of a hold's end at the old rate, the bucket would let a

@@ -16,7 +16,7 @@ local function fairState(okey, skey)
   -- trial returns a copy of the order's state.
   function F.trial()
     if not ord then
-      local f = redis.call('HMGET', okey, 'o0c', 'o1c', 'o0u', 'o1u')
+      local f = redis.call('HMGET', okey, field.o0c, field.o1c, field.o0u, field.o1u)
       ord = {c = {tonumber(f[1]) or 0, tonumber(f[2]) or 0}, u = {tonumber(f[3]) or 0, tonumber(f[4]) or 0}}
     end
     return {c = {ord.c[1], ord.c[2]}, u = {ord.u[1], ord.u[2]}}
@@ -48,8 +48,8 @@ local function fairState(okey, skey)
   -- save writes the state back when a decision changed it.
   function F.save()
     if not dirty then return end
-    redis.call('HSET', okey, 'o0c', string.format('%.17g', ord.c[1]), 'o1c', string.format('%.17g', ord.c[2]),
-      'o0u', string.format('%.17g', ord.u[1]), 'o1u', string.format('%.17g', ord.u[2]))
+    redis.call('HSET', okey, field.o0c, string.format('%.17g', ord.c[1]), field.o1c, string.format('%.17g', ord.c[2]),
+      field.o0u, string.format('%.17g', ord.u[1]), field.o1u, string.format('%.17g', ord.u[2]))
     if redis.call('PTTL', okey) < tune.ringLife / 1000 then redis.call('PEXPIRE', okey, tune.ringLife / 1000) end
     -- The fields changed, and those prune dropped: a call's writes are
     -- its own tenants', whatever the others.

@@ -67,7 +67,7 @@ local at0 = 3 + 4 * L -- the first argument of the operation
 local st = {}
 local function state(i)
   if st[i] then return st[i] end
-  local h = redis.call('HMGET', KEYS[2 * i], 'a', 'b')
+  local h = redis.call('HMGET', KEYS[2 * i], field.a, field.b)
   local s = {a = tonumber(h[1] or '0') or 0, b = tonumber(h[2] or '0') or 0, dirty = false}
   -- a bucket: a = tat, b = the last turn given; a window: a = sum, b = seq
   if kind[i] == 1 then
@@ -159,13 +159,14 @@ local function save()
       if kind[i] == 0 then
         local ttl = math.ceil((s.a - now) / 1000) + 1000
         -- tat rounded up to the microsecond: never a turn early
-        redis.call('HSET', KEYS[2 * i], 'a', string.format('%.0f', math.ceil(s.a)), 'b', string.format('%.0f', s.b))
+        redis.call('HSET', KEYS[2 * i], field.a, string.format('%.0f', math.ceil(s.a)),
+          field.b, string.format('%.0f', s.b))
         redis.call('PEXPIRE', KEYS[2 * i], math.max(ttl, 1000))
       else
         local last = redis.call('ZRANGE', KEYS[2 * i + 1], -1, -1, 'WITHSCORES')
         local ttl = 1000
         if #last > 0 then ttl = math.max(ttl, math.ceil((tonumber(last[2]) + span[i] - now) / 1000) + 1000) end
-        redis.call('HSET', KEYS[2 * i], 'a', s.a, 'b', s.b)
+        redis.call('HSET', KEYS[2 * i], field.a, s.a, field.b, s.b)
         redis.call('PEXPIRE', KEYS[2 * i], ttl)
         redis.call('PEXPIRE', KEYS[2 * i + 1], ttl)
       end

@@ -3,7 +3,9 @@
 // for its keys, arguments and reply. Every script begins with now.lua: its
 // last argument is the time, "@" for the server's (TIME) or "@<us>" for a
 // time a test gives (see Now). The scripts that restate the Go's arithmetic
-// follow it with tune.lua, the Go's constants, generated (go generate).
+// follow it with tune.lua, the Go's constants, and those that keep state in
+// hashes with fields.lua, the names of the hashes' fields, written once in
+// the Go (sharedfields.go); both generated (go generate).
 package lua
 
 import (
@@ -30,14 +32,17 @@ func Now(server bool, t time.Time) string {
 //go:embed tune.lua
 var tune string
 
+//go:embed fields.lua
+var fields string
+
 //go:embed rate.lua
 var rate string
 
 // Rate is the prelude of the reserve and control scripts: now.lua,
-// tune.lua, then rate.lua's pure functions (cubic, turn, the key's
-// effective rate). Tests append a return statement to it to run the
+// tune.lua, fields.lua, then rate.lua's pure functions (cubic, turn, the
+// key's effective rate). Tests append a return statement to it to run the
 // functions on given inputs, with the time as the one argument.
-var Rate = now + tune + rate
+var Rate = now + tune + fields + rate
 
 //go:embed reserve.lua
 var reserve string
@@ -57,7 +62,7 @@ var fairstate string
 // Fair is the prelude's part that the reservation scripts share: the
 // fleet's priority order and tenants' shares (internal/fair's order.lua
 // and shares.lua, the twins of its Order and Shares), and a key's state of
-// them in Redis (fairstate.lua). It follows tune.lua.
+// them in Redis (fairstate.lua). It follows tune.lua and fields.lua.
 var Fair = fair.OrderLua + fair.SharesLua + fairstate
 
 // Control applies what a response said to a key's controller: the hold,
@@ -81,4 +86,4 @@ var limits string
 
 // Limits admits, settles and teaches the limits of a SharedLimits: every
 // limit of a request's key and its parents in one call.
-var Limits = now + tune + Fair + limits
+var Limits = now + tune + fields + Fair + limits

@@ -16,18 +16,30 @@ var numberRE = regexp.MustCompile(`(^|[^A-Za-z0-9_.])((?:\d+\.?\d*|\.\d+)(?:[eE]
 // code returns the code of a line of Lua: without its comment and with
 // its string literals blanked (a format such as '%.0f' holds no number of
 // the arithmetic).
-func code(line string) string {
+func code(line string) string { return strip(line, true) }
+
+// strip returns a line of Lua without its comment; blank leaves out what
+// its string literals hold (their quotes stay).
+func strip(line string, blank bool) string {
 	var b strings.Builder
 	var quote byte
 	for i := 0; i < len(line); i++ {
 		c := line[i]
 		switch {
 		case quote != 0:
-			if c == '\\' {
-				i++
-			} else if c == quote {
+			if c == quote {
 				quote = 0
 				b.WriteByte(c)
+				continue
+			}
+			if !blank {
+				b.WriteByte(c)
+			}
+			if c == '\\' && i+1 < len(line) {
+				i++
+				if !blank {
+					b.WriteByte(line[i])
+				}
 			}
 			continue
 		case c == '\'' || c == '"':

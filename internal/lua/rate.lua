@@ -1,6 +1,7 @@
 -- rate: the rate a key is held to now, in units per second; the prefix of
 -- the reserve and control scripts. The key's learnt state lives in a hash
--- (controller.go's ctlState, field for field):
+-- (controller.go's ctlState, field for field; the scripts name each field
+-- as field.x, of fields.lua, generated from sharedfields.go):
 --   adv, advu   the advertised limit and until when it is believed (us)
 --   wmax, w0, climb  discovery: the rate the climb back aims at, the rate
 --               right after the last decrease, and when the climb starts
@@ -62,7 +63,8 @@ end
 
 local function effective(key, now, configured, discover, c, floor)
   local r = configured
-  local st = redis.call('HMGET', key, 'adv', 'advu', 'wmax', 'w0', 'climb', 'pl', 'gd', 'bk')
+  local st = redis.call('HMGET', key, field.adv, field.advu, field.wmax, field.w0, field.climb, field.pl, field.gd,
+    field.bk)
   local adv, advu = tonumber(st[1]), tonumber(st[2])
   local wmax, w0, climb, pl = tonumber(st[3]), tonumber(st[4]), tonumber(st[5]), tonumber(st[6]) or 0
   if adv and advu and now < advu then
@@ -120,14 +122,14 @@ end
 
 -- grant records cost units granted a turn at at (us) in key's ring.
 local function grant(key, at, cost)
-  tally(key, 'g', ringSlot, ringSize, at, cost)
+  tally(key, field.g, ringSlot, ringSize, at, cost)
 end
 
 -- tallied returns the units of key's ring in slots first to last (slot
 -- numbers, last >= first), and of those the units up to slot split.
 local function tallied(key, first, last, split)
   local fields = {}
-  for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
+  for slot = first, last do fields[#fields + 1] = field.g .. (slot % ringSize) end
   local n, m = 0, 0
   for i, v in ipairs(redis.call('HMGET', key, unpack(fields))) do
     if v then
@@ -173,7 +175,7 @@ local function regrant(key, from, upto, f)
   if last < first then return end
   last = math.min(last, first + ringSize - 1)
   local fields = {}
-  for slot = first, last do fields[#fields + 1] = 'g' .. (slot % ringSize) end
+  for slot = first, last do fields[#fields + 1] = field.g .. (slot % ringSize) end
   local moved = {}
   for i, v in ipairs(redis.call('HMGET', key, unpack(fields))) do
     if v then
@@ -185,7 +187,7 @@ local function regrant(key, from, upto, f)
       end
     end
   end
-  for _, m in ipairs(moved) do tally(key, 'g', ringSlot, ringSize, m[1], m[2]) end
+  for _, m in ipairs(moved) do tally(key, field.g, ringSlot, ringSize, m[1], m[2]) end
 end
 
 -- resolution returns the resolution a reset of d us was read to, as
@@ -202,11 +204,11 @@ end
 -- controller.go, fleet-wide).
 local meterSlot = tune.meterSlot
 local function refused(key, sent)
-  tally(key, 'f', meterSlot, 4, sent, 1)
+  tally(key, field.f, meterSlot, 4, sent, 1)
 end
 local function refusedLastSecond(key, now)
   local n, last = 0, math.floor(now / meterSlot)
-  for _, v in ipairs(redis.call('HMGET', key, 'f0', 'f1', 'f2', 'f3')) do
+  for _, v in ipairs(redis.call('HMGET', key, field.f .. 0, field.f .. 1, field.f .. 2, field.f .. 3)) do
     if v then
       local slot, count = string.match(v, '^(%d+):([%d.]+)$')
       slot = tonumber(slot)
@@ -230,9 +232,9 @@ end
 -- are more) and what it leaves now (less the requests sent, not the turns
 -- to come), else nil: see drain.
 local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res, read)
-  local st = redis.call('HMGET', key, 'shape', 'hist')
+  local st = redis.call('HMGET', key, field.shape, field.hist)
   if kind > 0 then
-    redis.call('HSET', key, 'shape', kind)
+    redis.call('HSET', key, field.shape, kind)
     st[1] = kind
   end
   if (tonumber(st[1]) or 0) == 0 and unit > 0 and tonumber(st[2]) then
@@ -243,12 +245,12 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res
     local hist = tonumber(st[2])
     local g = granted(key, math.max(now - 1000000, hist), now, now, hist)
     if g and g - refusedLastSecond(key, now) > 2 * reset / unit then
-      redis.call('HSET', key, 'shape', 2)
+      redis.call('HSET', key, field.shape, 2)
       st[1] = 2
     end
   end
   local bucket = tonumber(st[1]) == 2
-  if bucket then redis.call('HDEL', key, 'bud', 'budu', 'budn') end
+  if bucket then redis.call('HDEL', key, field.bud, field.budu, field.budn) end
   local hist = tonumber(st[2])
   -- owed counts the fleet's turns given after the reported request was
   -- sent, up to upto, and of those up to mid (see granted): from early
@@ -295,11 +297,11 @@ local function report(key, now, rem, reset, unit, sent, inflight, tat, kind, res
   -- one; a window's implied reset is narrowed only by the instance whose
   -- answers dated its start: see Quota.impliedReset).
   local budu = now + reset
-  local prev = redis.call('HMGET', key, 'budu', 'budr')
+  local prev = redis.call('HMGET', key, field.budu, field.budr)
   local pu, pr = tonumber(prev[1]), tonumber(prev[2])
   if pu and pr and pu > now and rem <= pr and pu < budu then budu = pu end
-  redis.call('HSET', key, 'bud', string.format('%.17g', left), 'budu', string.format('%.0f', budu),
-    'budn', string.format('%.0f', unit), 'budr', string.format('%.17g', rem), 'budres', res)
+  redis.call('HSET', key, field.bud, string.format('%.17g', left), field.budu, string.format('%.0f', budu),
+    field.budn, string.format('%.0f', unit), field.budr, string.format('%.17g', rem), field.budres, res)
 end
 
 -- drain applies what a bucket provider's count leaves (report's keep and
@@ -331,7 +333,7 @@ end
 -- bucket of one unit (a limit under 2) shows 0 after every request it
 -- accepts: its counts neither level nor speed it.
 local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim, read)
-  local st = redis.call('HMGET', key, 'climb', 'room', 'roomr', 'dra', 'drr', 'hist', 'drf')
+  local st = redis.call('HMGET', key, field.climb, field.room, field.roomr, field.dra, field.drr, field.hist, field.drf)
   local climb, room, roomr = tonumber(st[1] or ''), tonumber(st[2] or ''), tonumber(st[3] or '')
   local dra, drr, hist = tonumber(st[4] or ''), tonumber(st[5] or ''), tonumber(st[6] or '')
   local drf = tonumber(st[7] or '') or 0 -- the refusals heard since the mark (control.lua)
@@ -364,20 +366,20 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
   end
   if lvl then
     local r = string.format('%.17g', lvl)
-    redis.call('HSET', key, 'wmax', r, 'w0', r, 'climb', string.format('%.0f', now))
-    redis.call('HDEL', key, 'pl')
+    redis.call('HSET', key, field.wmax, r, field.w0, r, field.climb, string.format('%.0f', now))
+    redis.call('HDEL', key, field.pl)
   end
   -- The mark is taken again after a level-off below the rate, and as
   -- controller.go's drainMark.count says; levelled where it was, the
   -- stretch goes on measuring (see counted).
   if lvl and lvl < rate then
-    redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
-    redis.call('HDEL', key, 'drf')
+    redis.call('HSET', key, field.dra, string.format('%.0f', at), field.drr, string.format('%.17g', rem))
+    redis.call('HDEL', key, field.drf)
   elseif lim and lim >= 2 and rem >= lim - 1 then
-    redis.call('HDEL', key, 'dra', 'drr', 'drf')
+    redis.call('HDEL', key, field.dra, field.drr, field.drf)
   elseif not dra or at - dra >= tune.drainSpan or rem >= drr + tune.drainFall then
-    redis.call('HSET', key, 'dra', string.format('%.0f', at), 'drr', string.format('%.17g', rem))
-    redis.call('HDEL', key, 'drf')
+    redis.call('HSET', key, field.dra, string.format('%.0f', at), field.drr, string.format('%.17g', rem))
+    redis.call('HDEL', key, field.drf)
   end
   if left > 0 and lim and lim >= 2 and left >= lim - 1 then
     -- (Room speeds the climb only while the fleet's turns keep up with its
@@ -399,10 +401,10 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     local kept = went >= tune.keepUp * rate
     if climbing and room and kept then
       local ahead = math.min(math.min(now - room, tune.roomGap) * (tune.roomBoost - 1), now - climb)
-      redis.call('HSET', key, 'climb', string.format('%.0f', climb - ahead))
+      redis.call('HSET', key, field.climb, string.format('%.0f', climb - ahead))
     end
     if kept then went = rate end
-    redis.call('HSET', key, 'room', string.format('%.0f', now), 'roomr', string.format('%.17g', went))
+    redis.call('HSET', key, field.room, string.format('%.0f', now), field.roomr, string.format('%.17g', went))
   end
   return math.max(tat, math.min(read or now, now) + (b - keep) * interval)
 end
@@ -441,7 +443,7 @@ local function retime(state, tat, from, old, new, burst, now, channel, id, queue
       redis.call('ZADD', queue, string.format('%.3f', from + (tonumber(turns[i + 1]) - from) * f), turns[i])
     end
   end
-  local seq = redis.call('HINCRBY', state, 'rts', 1)
+  local seq = redis.call('HINCRBY', state, field.rts, 1)
   redis.call('PUBLISH', channel, id .. ' x' .. string.format('%.17g', f) .. ' ' .. string.format('%.0f', from - now) ..
     ' ' .. seq)
   return moved + burst * 1000000 / new, moved
@@ -457,22 +459,22 @@ end
 -- answer tells the shape; the fleet's turns are given ahead of time, to
 -- waiters that would each be held a probe's time behind the other.)
 local function spend(key, at, cost, probe, now)
-  local st = redis.call('HMGET', key, 'bud', 'budu', 'shape')
+  local st = redis.call('HMGET', key, field.bud, field.budu, field.shape)
   local bud, budu, shape = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]) or 0
   if not bud or not budu or at >= budu or shape == 2 then return 0 end
   if bud >= cost then
-    redis.call('HSET', key, 'bud', string.format('%.17g', bud - cost))
+    redis.call('HSET', key, field.bud, string.format('%.17g', bud - cost))
     return 0
   end
   -- Spent: a "remaining 0" as of at, whose answer tells the shape.
-  local z = redis.call('HMGET', key, 'zun', 'budn', 'budres')
+  local z = redis.call('HMGET', key, field.zun, field.budn, field.budres)
   if not (tonumber(z[1]) and tonumber(z[1]) > now) then
-    redis.call('HSET', key, 'zat', string.format('%.0f', now), 'zun', string.format('%.0f', budu), 'zunit', z[2] or '0',
-      'zres', z[3] or '1000000')
-    redis.call('HDEL', key, 'sag', 'sar')
+    redis.call('HSET', key, field.zat, string.format('%.0f', now), field.zun, string.format('%.0f', budu),
+      field.zunit, z[2] or '0', field.zres, z[3] or '1000000')
+    redis.call('HDEL', key, field.sag, field.sar)
   end
   if shape == 1 then return budu end
-  redis.call('HDEL', key, 'bud', 'budu')
+  redis.call('HDEL', key, field.bud, field.budu)
   -- (from now, as the Go controller holds: from the turn, each report
   -- heard during a hold, of requests sent before it, armed a budget that
   -- its next grant found spent, and moved the hold's end a probe further)

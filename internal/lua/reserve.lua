@@ -67,7 +67,7 @@ local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 -- granted from the hold's end (pc counts them) are told as probes, and each
 -- but the last puts the next a gap (pg) after it (pn). Not a hold: nothing
 -- is told on the channel, and the reply's pause leaves it out.
-local pst = redis.call('HMGET', KEYS[3], 'ph', 'pk', 'pc', 'pg', 'pn')
+local pst = redis.call('HMGET', KEYS[3], field.ph, field.pk, field.pc, field.pg, field.pn)
 local ph, pk, pc, pg = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3]) or 0, tonumber(pst[4])
 local pn = tonumber(pst[5]) or 0
 local start = math.max(now, pause, pn)
@@ -120,7 +120,7 @@ local probe = tonumber(ARGV[15])
 local horizon = tonumber(ARGV[19])
 local group, fair = 2, nil
 if horizon > 0 then group, fair = 6, fairState(KEYS[3], KEYS[5]) end
-local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], 'rts') or '0') or 0}
+local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], field.rts) or '0') or 0}
 for i = 20, #ARGV - group, group do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
@@ -185,10 +185,10 @@ for i = 20, #ARGV - group, group do
       -- A probe: the next turn a gap after it, with one unit then.
       pc = pc + 1
       code = 3
-      redis.call('HSET', KEYS[3], 'pc', pc)
+      redis.call('HSET', KEYS[3], field.pc, pc)
       if pc < pk then
         pn = at + pg
-        redis.call('HSET', KEYS[3], 'pn', string.format('%.0f', pn))
+        redis.call('HSET', KEYS[3], field.pn, string.format('%.0f', pn))
         start = math.max(start, pn)
         if depth >= 0 then queued = waiting(start) end
         if burst > 0 then tat = math.max(tat, pn + (burst - 1) * interval) end
@@ -203,8 +203,8 @@ if fair then fair.save() end
 if recorded or reported then
   -- The ring is kept for every key (a report may come for any), and
   -- lives at least as long as it reaches back; a budget until its reset.
-  if recorded and redis.call('HEXISTS', KEYS[3], 'hist') == 0 then
-    redis.call('HSET', KEYS[3], 'hist', string.format('%.0f', now))
+  if recorded and redis.call('HEXISTS', KEYS[3], field.hist) == 0 then
+    redis.call('HSET', KEYS[3], field.hist, string.format('%.0f', now))
   end
   local keep = tune.ringLife / 1000
   if reported then keep = math.max(keep, math.ceil(tonumber(ARGV[8]) / 1000) + 1000) end
