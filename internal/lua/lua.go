@@ -10,7 +10,9 @@ package lua
 
 import (
 	_ "embed"
+	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/egress-go/egress/internal/fair"
@@ -41,8 +43,47 @@ var rate string
 // Rate is the prelude of the reserve and control scripts: now.lua,
 // tune.lua, fields.lua, then rate.lua's pure functions (cubic, turn, the
 // key's effective rate). Tests append a return statement to it to run the
-// functions on given inputs, with the time as the one argument.
+// functions on given inputs, with the time as the one argument. The
+// scripts a limiter runs have the tables inlined (see inline).
 var Rate = now + tune + fields + rate
+
+// inline writes each tune.<name> and field.<name> of script as its value
+// in tune.lua and fields.lua, and leaves the tables out: the numbers and
+// names stay written once, in the Go, and a call pays nothing to build
+// the tables (3.7 µs of Redis's time a call, a tenth of a reservation's).
+// A number is written in parentheses: "a -tune.x" must not become a
+// comment. A name neither table has is left as it is
+// (TestScriptsAreInlined fails on it).
+func inline(script string) string {
+	return tableRef.ReplaceAllStringFunc(script, func(ref string) string {
+		table, name, _ := strings.Cut(ref, ".")
+		v, ok := tableValues[table][name]
+		if !ok {
+			return ref
+		}
+		if table == "tune" {
+			return "(" + v + ")"
+		}
+		return v
+	})
+}
+
+// tableRef is a reference to an entry of tune.lua's or fields.lua's table.
+var tableRef = regexp.MustCompile(`\b(tune|field)\.[A-Za-z_][A-Za-z0-9_]*`)
+
+// tableValues holds the entries of tune.lua's and fields.lua's tables, by
+// table and name: each a line "  name = value, -- what it is".
+var tableValues = map[string]map[string]string{"tune": entries(tune), "field": entries(fields)}
+
+func entries(table string) map[string]string {
+	out := map[string]string{}
+	for _, m := range tableEntry.FindAllStringSubmatch(table, -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+var tableEntry = regexp.MustCompile(`(?m)^\s+([A-Za-z_][A-Za-z0-9_]*) = ([^,]+),`)
 
 //go:embed reserve.lua
 var reserve string
@@ -54,7 +95,7 @@ var control string
 // the rate the key has learnt, in the fleet's priority order and tenants'
 // shares (internal/fair's order.lua and shares.lua, the twins of its
 // Order and Shares).
-var Reserve = Rate + Fair + reserve
+var Reserve = inline(now + rate + Fair + reserve)
 
 //go:embed fairstate.lua
 var fairstate string
@@ -67,7 +108,7 @@ var Fair = fair.OrderLua + fair.SharesLua + fairstate
 
 // Control applies what a response said to a key's controller: the hold,
 // the shape of its quota, the advertised and discovered rate.
-var Control = Rate + control
+var Control = inline(now + rate + control)
 
 //go:embed heartbeat.lua
 var heartbeat string
@@ -86,4 +127,4 @@ var limits string
 
 // Limits admits, settles and teaches the limits of a SharedLimits: every
 // limit of a request's key and its parents in one call.
-var Limits = now + tune + fields + Fair + limits
+var Limits = inline(now + Fair + limits)

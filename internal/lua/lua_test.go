@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // numberRE matches a Lua number literal that no name or other number
@@ -153,4 +155,18 @@ func TestTuneNamesResolve(t *testing.T) {
 			t.Errorf("%s reads tune, which does not precede it (see lua.go)", name)
 		}
 	}
+}
+
+// TestScriptsAreInlined: the scripts a limiter runs hold no tune.<name>
+// or field.<name> and no tables: each is written as its value, a number
+// in parentheses.
+func TestScriptsAreInlined(t *testing.T) {
+	for name, s := range map[string]string{"Reserve": Reserve, "Control": Control, "Limits": Limits} {
+		assert.Empty(t, tableRef.FindAllString(s, -1), "%s: a reference left", name)
+		assert.NotContains(t, s, "local tune =", name)
+		assert.NotContains(t, s, "local field =", name)
+	}
+	assert.Equal(t, "x -(0.95) .. 'wmax' .. tune.nameless", inline("x -tune.aimUnder .. field.wmax .. tune.nameless"))
+	assert.Len(t, tableValues["tune"], strings.Count(tune, " = ")-1, "every entry of tune.lua read (and its table)")
+	assert.Len(t, tableValues["field"], strings.Count(fields, " = ")-1, "every entry of fields.lua read")
 }

@@ -1,7 +1,7 @@
 -- rate: the rate a key is held to now, in units per second; the prefix of
 -- the reserve and control scripts. The key's learnt state lives in a hash
 -- (controller.go's ctlState, field for field; the scripts name each field
--- as field.x, of fields.lua, generated from sharedfields.go):
+-- as field.<name>, of fields.lua, generated from sharedfields.go):
 --   adv, advu   the advertised limit and until when it is believed (us)
 --   wmax, w0, climb  discovery: the rate the climb back aims at, the rate
 --               right after the last decrease, and when the climb starts
