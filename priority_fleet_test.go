@@ -254,22 +254,3 @@ func TestSharesInTheLimitsScript(t *testing.T) {
 	require.Equal(t, limitsReply{wait: 20 * ms}, ask("B", 1000), "B's turn, at 100 ms")
 	require.Equal(t, limitsReply{held: true, wait: 10 * ms}, ask("A", 100), "A level with B: only the horizon holds it (its turn at 110 ms)")
 }
-
-func TestParseLimitsReply(t *testing.T) {
-	at := time.Now()
-	got, err := parseLimitsReply([]any{int64(1), int64(2), int64(20_000), int64(0), int64(0)}, 1, at)
-	require.NoError(t, err)
-	require.Equal(t, []limitsReply{{held: true, wait: 20 * time.Millisecond, at: at}}, got)
-	got, err = parseLimitsReply([]any{int64(1), int64(0), int64(5), int64(77), int64(3)}, 1, at)
-	require.NoError(t, err)
-	require.Equal(t, []limitsReply{{wait: 5 * time.Microsecond, turn: 77, gid: 3, at: at}}, got)
-	for _, bad := range [][]any{
-		{int64(1), int64(3), int64(0), int64(0), int64(0)},
-		{int64(1), int64(0), int64(-1), int64(0), int64(0)},
-		{int64(1), "0", int64(0), int64(0), int64(0)},
-		{int64(1), int64(0), int64(0), int64(0)},
-	} {
-		_, err := parseLimitsReply(bad, 1, at)
-		require.Error(t, err, "%v", bad)
-	}
-}

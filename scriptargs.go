@@ -189,28 +189,38 @@ func parseSlots(reply []int64) (slotsReply, error) {
 }
 
 // argv appends the fields of v, a pointer to one of the types above, to
-// args, in order (embedded structs in place).
+// args, in order (embedded structs in place, a slice element by element).
 func argv(args []any, v any) []any {
 	return appendFields(args, reflect.ValueOf(v).Elem())
 }
 
 func appendFields(args []any, v reflect.Value) []any {
 	for i := range v.NumField() {
-		f := v.Field(i)
-		switch f.Kind() {
-		case reflect.Struct:
-			args = appendFields(args, f)
-		case reflect.Float64:
-			args = append(args, f.Float())
-		case reflect.Int, reflect.Int64:
-			args = append(args, f.Int())
-		case reflect.String:
-			args = append(args, f.String())
-		default:
-			panic("egress: a script argument of kind " + f.Kind().String())
-		}
+		args = appendValue(args, v.Field(i))
 	}
 	return args
+}
+
+// appendValue appends f to args: a struct's fields, a slice's elements,
+// or f itself.
+func appendValue(args []any, f reflect.Value) []any {
+	switch f.Kind() {
+	case reflect.Struct:
+		return appendFields(args, f)
+	case reflect.Slice:
+		for j := range f.Len() {
+			args = appendValue(args, f.Index(j))
+		}
+		return args
+	case reflect.Float64:
+		return append(args, f.Float())
+	case reflect.Int, reflect.Int64:
+		return append(args, f.Int())
+	case reflect.String:
+		return append(args, f.String())
+	default:
+		panic("egress: a script argument of kind " + f.Kind().String())
+	}
 }
 
 // maxWaitArg is a request's max wait from now until limit, as the scripts

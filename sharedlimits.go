@@ -72,7 +72,7 @@ type SharedLimits struct {
 	script  *redis.Script
 	holds   *holds         // the decisions, made as Limits makes them
 	margin  time.Duration  // added to each window's length
-	args    []any          // the limits' arguments, the same for every call
+	groups  []limitsLimit  // the limits' groups of the script's ARGV, the same for every call
 	stop    chan struct{}  // closed by Close: the leads stop holding back
 	largest []atomic.Int64 // per limit: the largest cost asked for, which the fallback keeps grantable
 	settled settling       // how this process's grants have settled (sharedlimits_expect.go)
@@ -142,13 +142,9 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		l.margin = *m
 	}
 	l.holds = newHolds(&s.clock)
-	l.args = append(l.args, len(l.limits))
-	for _, lim := range l.limits {
-		if lim.window {
-			l.args = append(l.args, 1, lim.n, micros(lim.w+l.margin), 0)
-		} else {
-			l.args = append(l.args, 0, lim.n, 1e6*lim.rate.per.Seconds()/lim.rate.n, micros(l.margin))
-		}
+	l.groups = make([]limitsLimit, len(l.limits))
+	for i := range l.limits {
+		l.groups[i] = limitGroup(&l.limits[i], l.margin)
 	}
 	s.shape = "lm"
 	s.local = func(share Rate) Limiter { return l.fallbackLimits(share.PerSecond()) }
@@ -659,27 +655,13 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 	// Without priorities the requests go without their place in the
 	// fleet's order: the script then skips it (horizon 0).
 	ordered := slices.ContainsFunc(batch, func(p *limitsPending) bool { return p.turn.share > 0 })
-	horizon, group := int64(0), len(l.limits)+1
+	horizon := int64(0)
 	if ordered {
-		horizon, group = micros(fleetHorizon), group+5
+		horizon = micros(fleetHorizon)
 	} else {
 		keys = keys[:len(keys)-2] // the order's and the shares' (see redisKeys)
 	}
-	args := make([]any, 0, 2+len(l.args)+len(batch)*group)
-	args = append(args, "reserve")
-	args = append(args, l.args...)
-	args = append(args, horizon)
-	now := s.clock.Now()
-	for _, p := range batch {
-		for i := range l.limits {
-			args = append(args, p.cost.Of(l.limits[i].dim))
-		}
-		args = append(args, maxWaitArg(p.limit, now))
-		if ordered {
-			ft := &p.turn
-			args = append(args, ft.level, ft.share, ft.tenant, ft.weight, limitsWork(l.limits, &p.cost)*1e6)
-		}
-	}
+	args := limitsReserveArgs(l.groups, horizon, l.requests(batch, ordered, s.clock.Now()))
 	s.roundTrips.Add(1)
 	var reply any
 	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
@@ -691,47 +673,38 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 	if err != nil {
 		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
-	out, err := parseLimitsReply(reply, len(batch), at)
+	rep, err := parseReserved(reply, len(batch), at)
 	if err != nil {
 		return nil, fmt.Errorf("egress: shared limiter %s: %w", s.name, err)
 	}
-	for _, r := range out {
+	for _, r := range rep.requests {
 		if !r.refused && !r.held {
 			s.admitted.Add(1)
 		}
 	}
-	return out, nil
+	return rep.requests, nil
 }
 
-// parseLimitsReply checks and reads a reservation's reply: the server's
-// now, then a (code, wait, turn or binding limit, grant id) quadruple a
-// request (code 2: held back by the fleet's order, to come back after wait). A
-// malformed reply is an error, never a panic.
-func parseLimitsReply(reply any, n int, at time.Time) ([]limitsReply, error) {
-	vals, ok := reply.([]any)
-	if !ok || len(vals) != 1+4*n {
-		return nil, fmt.Errorf("malformed reply %v: want %d values", reply, 1+4*n)
-	}
-	out := make([]limitsReply, n)
-	for i := range out {
-		code, ok1 := vals[1+4*i].(int64)
-		wait, ok2 := vals[2+4*i].(int64)
-		third, ok3 := vals[3+4*i].(int64)
-		gid, ok4 := vals[4+4*i].(int64)
-		if !ok1 || !ok2 || !ok3 || !ok4 || code < 0 || code > 2 || wait < 0 {
-			return nil, fmt.Errorf("malformed reply %v at request %d", reply, i)
+// requests returns the groups of batch's requests for a reservation at
+// now: with their places in the fleet's order when ordered.
+func (l *SharedLimits) requests(batch []*limitsPending, ordered bool, now time.Time) []limitsRequest {
+	n := len(l.limits)
+	costs := make([]int, len(batch)*n)
+	reqs := make([]limitsRequest, len(batch))
+	for j, p := range batch {
+		r := &reqs[j]
+		r.costs = costs[j*n : (j+1)*n : (j+1)*n]
+		for i := range l.limits {
+			r.costs[i] = p.cost.Of(l.limits[i].dim)
 		}
-		r := limitsReply{refused: code == 1, held: code == 2, wait: time.Duration(wait) * time.Microsecond, at: at}
-		switch {
-		case r.held:
-		case r.refused:
-			r.binding = int(third)
-		default:
-			r.turn, r.gid = third, gid
+		r.maxWait = maxWaitArg(p.limit, now)
+		if ordered {
+			ft := &p.turn
+			r.level, r.share, r.tenant, r.weight = ft.level, ft.share, ft.tenant, ft.weight
+			r.work = limitsWork(l.limits, &p.cost) * 1e6
 		}
-		out[i] = r
 	}
-	return out, nil
+	return reqs
 }
 
 // Settle implements CostLimiter for the fleet: see Limits.Settle. It makes
@@ -752,21 +725,19 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if s.fallback.Load() != nil {
 		return
 	}
-	args := make([]any, 0, 5+len(l.args)+2*len(l.limits))
-	args = append(args, "settle")
-	args = append(args, l.args...)
-	args = append(args, g.turn)
+	a := limitsSettle{turn: g.turn, costs: make([]limitsSettled, len(l.limits))}
 	changed := false
 	for i := range l.limits {
 		lim := &l.limits[i]
 		from, to := g.Cost.Of(lim.dim), min(max(actual.Of(lim.dim), 0), lim.n)
 		changed = changed || from != to
-		args = append(args, from, to)
+		a.costs[i] = limitsSettled{from: from, to: to}
 	}
 	if !changed {
 		return
 	}
-	args = append(args, b2i(l.replan), s.channel(), keyID(g.Key))
+	a.replan, a.channel, a.id = b2i(l.replan), s.channel(), keyID(g.Key)
+	args := limitsSettleArgs(l.groups, &a)
 	_ = s.calls.Do(context.Background(), func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
 	})
@@ -787,32 +758,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	if d.Hold.After(now) {
 		holdFor = micros(d.Hold.Sub(now))
 	}
-	caps := make([]any, 0, 3*len(l.limits))
-	capped := false
-	counts := sig.capsLimits()
-	for i := range l.limits {
-		keep, reset, bucket := -1.0, int64(-1), 0
-		for _, q := range sig.Quotas {
-			if !counts || !q.HasRemaining || q.Dimension != l.limits[i].dim {
-				continue
-			}
-			if k := q.keep(&sig); keep < 0 || k < keep {
-				keep, reset, bucket = k, -1, 0 // -1: no reset
-				if q.HasReset {
-					reset = max(micros(q.Reset), 0)
-				}
-				if q.Kind == ResetKindBucket {
-					bucket = 1
-				}
-			}
-		}
-		if keep >= 0 && keep < float64(l.limits[i].n) {
-			capped = true
-		} else {
-			keep = -1
-		}
-		caps = append(caps, math.Floor(keep*1000)/1000, reset, bucket)
-	}
+	caps, capped := l.caps(&sig)
 	if holdFor == 0 && !capped {
 		return d
 	}
@@ -820,11 +766,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	if holdFor > 0 {
 		s.heard(id, pauseMark{until: d.Hold, heard: now}) // this process's waiters need not wait for the channel
 	}
-	args := make([]any, 0, 4+len(l.args)+len(caps))
-	args = append(args, "learn")
-	args = append(args, l.args...)
-	args = append(args, holdFor, s.channel(), id)
-	args = append(args, caps...)
+	args := limitsLearnArgs(l.groups, &limitsLearn{hold: holdFor, channel: s.channel(), id: id, caps: caps})
 	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Err()
 	})
@@ -832,6 +774,40 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 		s.failed(err)
 	}
 	return d
+}
+
+// caps returns what sig says of each limit's dimension, as the script
+// caps the limit (the least that any quota of it keeps; -1 for nothing
+// said, or nothing below n), and whether it caps any.
+func (l *SharedLimits) caps(sig *Signal) ([]limitsCap, bool) {
+	caps := make([]limitsCap, len(l.limits))
+	capped := false
+	counts := sig.capsLimits()
+	for i := range l.limits {
+		c := limitsCap{keep: -1, reset: -1}
+		for _, q := range sig.Quotas {
+			if !counts || !q.HasRemaining || q.Dimension != l.limits[i].dim {
+				continue
+			}
+			if k := q.keep(sig); c.keep < 0 || k < c.keep {
+				c = limitsCap{keep: k, reset: -1} // -1: no reset
+				if q.HasReset {
+					c.reset = max(micros(q.Reset), 0)
+				}
+				if q.Kind == ResetKindBucket {
+					c.bucket = 1
+				}
+			}
+		}
+		if c.keep >= 0 && c.keep < float64(l.limits[i].n) {
+			capped = true
+		} else {
+			c.keep = -1
+		}
+		c.keep = math.Floor(c.keep*1000) / 1000
+		caps[i] = c
+	}
+	return caps, capped
 }
 
 // Stats returns the limiter's counters.

@@ -2,7 +2,6 @@ package egress
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -98,10 +97,7 @@ func (l *SharedLimits) expectation(ctx context.Context, key string, cost Cost, r
 // maxPlanGrants.
 func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st settleStats) (*planState, time.Time, error) {
 	s := l.fleet
-	args := make([]any, 0, 3+len(l.args))
-	args = append(args, "window")
-	args = append(args, l.args...)
-	args = append(args, i+1, maxPlanGrants)
+	args := limitsWindowArgs(l.groups, i+1, maxPlanGrants)
 	var vals []int64
 	err := s.calls.Do(ctx, func(ctx context.Context) error {
 		v, err := caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Int64Slice()
@@ -112,25 +108,24 @@ func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st set
 	if err != nil {
 		return nil, now, err
 	}
-	if len(vals) < 1 || len(vals)%2 != 1 {
-		return nil, now, fmt.Errorf("malformed window reply of %d values", len(vals))
+	rep, err := parseWindowed(vals)
+	if err != nil {
+		return nil, now, err
 	}
-	if len(vals) == 1 {
+	if len(rep.grants) == 0 {
 		return nil, now, nil // none, or more than the most: planned on the estimates
 	}
 	lim := &l.limits[i]
 	ps := &planState{n: lim.n, win: lim.w + l.margin, stats: st}
 	var waiters []planEntry
-	server := vals[0]
-	for j := 1; j+1 < len(vals); j += 2 {
-		at := now.Add(time.Duration(vals[j]-server) * time.Microsecond)
-		c := int(vals[j+1])
+	for _, g := range rep.grants {
+		at := now.Add(time.Duration(g.turn-rep.now) * time.Microsecond)
 		if at.After(now) {
-			waiters = append(waiters, planEntry{at: at, est: c})
+			waiters = append(waiters, planEntry{at: at, est: g.cost})
 			continue
 		}
-		e := planEntry{at: at, est: c, exp: c}
-		if exp, settle := st.expect(at, c, now); !settle.IsZero() {
+		e := planEntry{at: at, est: g.cost, exp: g.cost}
+		if exp, settle := st.expect(at, g.cost, now); !settle.IsZero() {
 			e.exp, e.settle, e.open = exp, settle, true
 		}
 		ps.es = append(ps.es, e)

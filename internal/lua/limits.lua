@@ -17,42 +17,57 @@
 --                only to a reservation with a horizon
 -- ARGV[1]  the operation: reserve, settle, learn or window
 -- ARGV[2]  L, the number of limits
--- ARGV[3], ... four values a limit: its kind (0 a bucket, 1 a window), n
---          (a bucket's burst, a window's quota), a bucket's interval per
---          unit or a window's length with its margin (us), and a bucket's
---          margin (us: the refill it keeps in reserve; 0 for a window)
--- then, for the operation (from ARGV[3+4L]):
---   reserve: the horizon of the fleet's priority order (us; 0 when no
---            request of the call is ordered), then a request after
---            another: its L costs, its max wait (us; -1 for none), and,
---            with a horizon, its priority level (0 low, 1 normal, 2 high;
---            -1 for none), the share of a level held back (0: no order, no
---            shares), its tenant, the tenant's weight and its work (us of
---            the limit that it takes the most of), served in order.
---            Returns now (us), then four values a request: code (0 =
---            admitted after wait, 1 = refused: wait exceeds its max wait,
---            2 = held back by the fleet's order or shares: to come back
---            after wait), wait (us), its turn (us of server time) or,
---            refused, the limit that bound (1-based, 0 for the hold), and
---            its grant id (0 when refused or held). A refused or held
---            request takes nothing.
---   settle:  the grant's turn (us), then a pair a limit: (the cost granted,
---            the actual cost, at most n), then whether to replan (1 or 0:
---            every limit a window, none a parent's), the channel and the
---            key id to tell moved turns on. When a window gives room back
---            and replan is 1, the grants whose turns are still to come are
---            given their turns again, in order (never later), and the
---            moves are told: "<key id> m <now> <grant id>:<turn> ...".
---            Returns 0.
---   learn:   the hold's length from now (us; 0 for none), the channel
---            and the key id to tell a hold on, then a triple a limit: (the
---            units the provider said remain, -1 when it said nothing of the
---            limit's dimension; its reset in us, -1 for none; 1 when its
---            reset means "until the bucket is full", else 0). Returns 0.
---   window:  a window limit i (1-based) and the most grants to return.
---            Returns now (us), then its grants still in the window as
---            (turn, cost) pairs in the order of their turns (none when
---            there are more than the most). Changes nothing.
+-- ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2]  limit i's four values (i
+--          from 1 to L): its kind (0 a bucket, 1 a window), n (a bucket's
+--          burst, a window's quota), a bucket's interval per unit or a
+--          window's length with its margin (us), and a bucket's margin
+--          (us: the refill it keeps in reserve; 0 for a window)
+-- then the operation's own arguments, from ARGV[o+1], where o = 2+4L:
+-- reserve:
+-- ARGV[o+1]  the horizon of the fleet's priority order (us; 0 when no
+--          request of the call is ordered)
+--          then a request after another, served in order, r being the
+--          index before the request's first value:
+-- ARGV[r+i]  its cost in limit i
+-- ARGV[r+L+1]  its max wait (us; -1 for none)
+-- ARGV[r+L+2], ARGV[r+L+3], ARGV[r+L+4], ARGV[r+L+5], ARGV[r+L+6]  only
+--          with a horizon: its priority level (0 low, 1 normal, 2 high;
+--          -1 for none), the share of a level held back (0: no order, no
+--          shares), its tenant, the tenant's weight and its work (us of
+--          the limit that it takes the most of)
+--          Returns now (us), then four values a request: code (0 =
+--          admitted after wait, 1 = refused: wait exceeds its max wait,
+--          2 = held back by the fleet's order or shares: to come back
+--          after wait), wait (us), its turn (us of server time) or,
+--          refused, the limit that bound (1-based, 0 for the hold), and
+--          its grant id (0 when refused or held). A refused or held
+--          request takes nothing.
+-- settle:
+-- ARGV[o+1]  the grant's turn (us)
+-- ARGV[o+2i], ARGV[o+2i+1]  limit i's pair: the cost granted, and the
+--          actual cost, at most n
+-- ARGV[o+2L+2]  whether to replan (1 or 0: every limit a window, none a
+--          parent's)
+-- ARGV[o+2L+3], ARGV[o+2L+4]  the channel and the key id to tell moved
+--          turns on
+--          When a window gives room back and replan is 1, the grants
+--          whose turns are still to come are given their turns again, in
+--          order (never later), and the moves are told: "<key id> m <now>
+--          <grant id>:<turn> ...". Returns 0.
+-- learn:
+-- ARGV[o+1]  the hold's length from now (us; 0 for none)
+-- ARGV[o+2], ARGV[o+3]  the channel and the key id to tell a hold on
+-- ARGV[o+3i+1], ARGV[o+3i+2], ARGV[o+3i+3]  limit i's triple: the units
+--          the provider said remain, -1 when it said nothing of the
+--          limit's dimension; its reset in us, -1 for none; 1 when its
+--          reset means "until the bucket is full", else 0
+--          Returns 0.
+-- window:
+-- ARGV[o+1]  a window limit i (1-based)
+-- ARGV[o+2]  the most grants to return
+--          Returns now (us), then its grants still in the window as
+--          (turn, cost) pairs in the order of their turns (none when
+--          there are more than the most). Changes nothing.
 local L = tonumber(ARGV[2])
 local kind, n, span, margin = {}, {}, {}, {}
 for i = 1, L do
@@ -61,7 +76,7 @@ for i = 1, L do
   span[i] = tonumber(ARGV[4 * i + 1])
   margin[i] = tonumber(ARGV[4 * i + 2])
 end
-local at0 = 3 + 4 * L -- the first argument of the operation
+local o = 2 + 4 * L -- the last of the limits' values: the operation's arguments follow
 
 -- The state of each limit, loaded on first use and written back at the end.
 local st = {}
@@ -181,7 +196,7 @@ if op == 'window' then
   -- Window i's grants still in it, read for a plan (sharedlimits_expect.go):
   -- now, then a (turn, cost) pair a grant, in the order of their turns;
   -- now alone when there are more than the most asked for.
-  local i, most = tonumber(ARGV[at0]), tonumber(ARGV[at0 + 1])
+  local i, most = tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2])
   local z, from = KEYS[2 * i + 1], '(' .. string.format('%.0f', now - span[i])
   local out = {now}
   if redis.call('ZCOUNT', z, from, '+inf') > most then return out end
@@ -195,25 +210,25 @@ end
 
 if op == 'reserve' then
   local out = {now}
-  local horizon = tonumber(ARGV[at0])
-  local k, extra, fair = at0 + 1, 0, nil
+  local horizon = tonumber(ARGV[o + 1])
+  local r, extra, fair = o + 1, 0, nil -- r: the index before a request's first value
   if horizon > 0 then extra, fair = 5, fairState(KEYS[2 * L + 3], KEYS[2 * L + 4]) end
   local GID = KEYS[2 * L + 2]
-  while k + L + extra <= #ARGV - 1 do
+  while r + L + 1 + extra <= #ARGV - 1 do
     local at, binding = math.max(now, hold), 0
     for i = 1, L do
-      local c = tonumber(ARGV[k + i - 1])
+      local c = tonumber(ARGV[r + i])
       if c > 0 then
         local e = earliest(i, c, now)
         if e > at then at, binding = e, i end
       end
     end
     at = math.ceil(at) -- whole microseconds: a settlement finds the turn by it
-    local maxWait = tonumber(ARGV[k + L])
+    local maxWait = tonumber(ARGV[r + L + 1])
     local level, share, tenant, weight, work = -1, 0, '', 1, 0
     if fair then
-      level, share, tenant = tonumber(ARGV[k + L + 1]), tonumber(ARGV[k + L + 2]), ARGV[k + L + 3]
-      weight, work = tonumber(ARGV[k + L + 4]), tonumber(ARGV[k + L + 5])
+      level, share, tenant = tonumber(ARGV[r + L + 2]), tonumber(ARGV[r + L + 3]), ARGV[r + L + 4]
+      weight, work = tonumber(ARGV[r + L + 5]), tonumber(ARGV[r + L + 6])
     end
     local wait = math.ceil(at - now)
     local trial, v, back = nil, 0, 0
@@ -235,7 +250,7 @@ if op == 'reserve' then
       if trial then fair.grant(trial, level, tenant, weight, work) end
       local gid = redis.call('INCR', GID)
       for i = 1, L do
-        local c = tonumber(ARGV[k + i - 1])
+        local c = tonumber(ARGV[r + i])
         if c > 0 then take(i, c, at, gid) end
       end
       table.insert(out, 0)
@@ -243,7 +258,7 @@ if op == 'reserve' then
       table.insert(out, at)
       table.insert(out, gid)
     end
-    k = k + L + 1 + extra
+    r = r + L + 1 + extra
   end
   redis.call('PEXPIRE', GID, tune.grantIDLife / 1000) -- a day after the last grant
   save()
@@ -310,10 +325,10 @@ local function replan()
 end
 
 if op == 'settle' then
-  local turn = tonumber(ARGV[at0])
+  local turn = tonumber(ARGV[o + 1])
   local refunded = false
   for i = 1, L do
-    local from, to = tonumber(ARGV[at0 + 2 * i - 1]), tonumber(ARGV[at0 + 2 * i])
+    local from, to = tonumber(ARGV[o + 2 * i]), tonumber(ARGV[o + 2 * i + 1])
     if from ~= to then
       local s = state(i)
       if kind[i] == 0 then
@@ -359,11 +374,10 @@ if op == 'settle' then
       end
     end
   end
-  local after = at0 + 2 * L + 1
-  if refunded and tonumber(ARGV[after]) == 1 then
+  if refunded and tonumber(ARGV[o + 2 * L + 2]) == 1 then
     local moved = replan()
     if #moved > 0 then
-      redis.call('PUBLISH', ARGV[after + 1], ARGV[after + 2] .. ' m ' .. string.format('%.0f', now) .. ' ' .. table.concat(moved, ' '))
+      redis.call('PUBLISH', ARGV[o + 2 * L + 3], ARGV[o + 2 * L + 4] .. ' m ' .. string.format('%.0f', now) .. ' ' .. table.concat(moved, ' '))
     end
   end
   save()
@@ -371,15 +385,15 @@ if op == 'settle' then
 end
 
 if op == 'learn' then
-  local holdFor = tonumber(ARGV[at0])
+  local holdFor = tonumber(ARGV[o + 1])
   if holdFor > 0 and now + holdFor > hold then
     redis.call('SET', KEYS[1], string.format('%.0f', now + holdFor), 'PX', math.ceil(holdFor / 1000) + 1000)
-    redis.call('PUBLISH', ARGV[at0 + 1], ARGV[at0 + 2] .. ' ' .. string.format('%.0f', holdFor))
+    redis.call('PUBLISH', ARGV[o + 2], ARGV[o + 3] .. ' ' .. string.format('%.0f', holdFor))
   end
   for i = 1, L do
-    local keep = tonumber(ARGV[at0 + 3 * i])
-    local reset = tonumber(ARGV[at0 + 3 * i + 1])
-    local bucketProvider = tonumber(ARGV[at0 + 3 * i + 2]) == 1
+    local keep = tonumber(ARGV[o + 3 * i + 1])
+    local reset = tonumber(ARGV[o + 3 * i + 2])
+    local bucketProvider = tonumber(ARGV[o + 3 * i + 3]) == 1
     if keep >= 0 and keep < n[i] then
       local s = state(i)
       if kind[i] == 0 then
