@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/gcra"
 	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/window"
 )
@@ -214,8 +215,7 @@ type Limits struct {
 // limitState is one key's state of one limit: a bucket's tat, or a
 // window's grants, and what the window learnt of their settlements.
 type limitState struct {
-	tat     time.Time   // a bucket's theoretical arrival time: full when ≤ now
-	last    time.Time   // a bucket's latest turn given
+	bucket  gcra.Bucket // a bucket's
 	log     window.Log  // a window's grants
 	settled settleStats // a window's: how its grants have been settling (limits_settle.go)
 	open    []openGrant // a window's grants given and not yet settled, once settled tracks them
@@ -225,7 +225,7 @@ func (s *limitState) AtRest(now time.Time) bool {
 	if s.log.W > 0 {
 		return s.log.AtRest(now)
 	}
-	return !s.tat.After(now)
+	return s.bucket.AtRest(now)
 }
 
 // NewLimits returns the limits enforced together. It needs at least one; a
@@ -586,11 +586,7 @@ func (s *limitState) earliest(lim *Limit, c int, now time.Time, margin time.Dura
 	if lim.window {
 		return s.log.Earliest(now, c, lim.n)
 	}
-	// GCRA: a request of c at t conforms when max(tat, t) + c·I − t ≤ burst·I,
-	// less the margin: the bucket keeps margin of its refill in reserve,
-	// as far as the burst left after c allows (a cost of the whole burst
-	// keeps none, and the rate is never lowered).
-	return maxTime(now, s.tat.Add(-max(durationOf(lim.n-c, lim.rate)-margin, 0)))
+	return s.bucket.Earliest(durationOf(lim.n-c, lim.rate), margin, now)
 }
 
 // take grants c at turn at, which earliest allowed.
@@ -599,25 +595,13 @@ func (s *limitState) take(lim *Limit, c int, at time.Time) {
 		s.log.Add(at, c)
 		return
 	}
-	s.tat = maxTime(s.tat, at).Add(durationOf(c, lim.rate))
-	s.last = maxTime(s.last, at)
+	s.bucket.Take(durationOf(c, lim.rate), at)
 }
 
-// refund gives a bucket back units of a grant whose turn was at, less
-// what the turns given after it took: their turns were placed behind its
-// cost, and giving that back too would let a new grant share their
-// instant (x/time/rate's Reservation.Cancel does the same).
+// refund gives a bucket back units of a grant whose turn was at (see
+// gcra.Bucket.Refund).
 func (s *limitState) refund(lim *Limit, units int, at, now time.Time) {
-	if s.last.Before(at) {
-		return // a state made after the grant (its key was dropped): it holds none of it
-	}
-	// The units' time less the time the turns after it took, rounded down
-	// to the microsecond as the shared script keeps it.
-	d := (durationOf(units, lim.rate) - s.last.Sub(at)).Truncate(time.Microsecond)
-	if d <= 0 {
-		return
-	}
-	s.tat = maxTime(s.tat.Add(-d), now)
+	s.bucket.Refund(durationOf(units, lim.rate), at, now)
 }
 
 // Settle charges or refunds each limit the difference between the cost g
@@ -783,5 +767,5 @@ func (s *limitState) cap(lim *Limit, keep float64, q Quota, now time.Time) {
 		return
 	}
 	// The bucket holds burst − (tat − now)/I units; keep at most keep.
-	s.tat = maxTime(s.tat, now.Add(durationOf(lim.n-int(math.Floor(keep)), lim.rate)))
+	s.bucket.Cap(durationOf(lim.n-int(math.Floor(keep)), lim.rate), now)
 }

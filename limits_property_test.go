@@ -647,8 +647,8 @@ func limSnapshot(l *Limits, now time.Time, into limSnap) limSnap {
 // limRowsOf appends the rows of key's state s at now to rows.
 func limRowsOf(rows []limRow, key string, s *limitState, now time.Time) []limRow {
 	if s.log.W == 0 { // a bucket
-		if s.tat.After(now) {
-			rows = append(rows, limRow{key: key, at: s.tat.Sub(limiterEpoch)})
+		if s.bucket.TAT.After(now) {
+			rows = append(rows, limRow{key: key, at: s.bucket.TAT.Sub(limiterEpoch)})
 		}
 		return rows
 	}
