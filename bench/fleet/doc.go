@@ -19,5 +19,18 @@
 //	cd bench && EGRESS_FLEETSIZE_ONLY=64x1 go test -run 'TestFleetSize/64x1/egress_SharedTokenBucket' -v ./fleet/ -count=1
 //
 // It runs only when named in -run or with EGRESS_FLEETSIZE=1.
+//
+// TestFleetProcesses runs the same fleets with the instances in separate
+// processes, each with its own Go runtime, scheduler and garbage
+// collector: 64 × 1 as 8 processes of 8 instances and 256 × 1 as 16 of
+// 16 (EGRESS_FLEETPROCS_ONLY=64x1x1: 64 processes of one). The processes
+// are this test binary again, running TestFleetProcChild; they start their
+// load at one agreed instant and report as one line of JSON, and the table
+// is TestFleetSize's, with 429s and the most sent in a second counted where
+// the provider received them. About a minute and a half; it runs only when
+// named in -run or with EGRESS_FLEETPROCS=1:
+//
+//	cd bench && go test -run TestFleetProcesses -v ./fleet/ -count=1
+//
 // Everything is in _test.go files.
 package fleet

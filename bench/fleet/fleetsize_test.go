@@ -18,7 +18,6 @@ import (
 
 	"github.com/egress-go/egress"
 	"github.com/egress-go/egress/bench/internal/benchkit"
-	"github.com/egress-go/egress/internal/fakeapi"
 )
 
 // The fleet-size scenario: many instances of one worker each, every one
@@ -75,6 +74,28 @@ type fleetDiag struct {
 
 	total atomic.Int64 // Redis commands (a pipeline counts as one round trip)
 	setup atomic.Int64 // of which a new connection's (HELLO, CLIENT SETINFO)
+
+	// The load's commands: from its start (early: the total then, and
+	// its connections' set-up) until the first instance closed (served).
+	// An instance built before the start (a process's) beats while idle;
+	// on Close it leaves the fleet's count.
+	early, earlySetup, served atomic.Int64
+	closed                    sync.Once
+}
+
+// closing notes the commands sent until the first instance closes.
+func (d *fleetDiag) closing() { d.closed.Do(func() { d.served.Store(d.total.Load()) }) }
+
+// roundTrips returns the Redis round trips per success of the load, a new
+// connection's set-up left out, and the rest per instance: its
+// connections' set-up, its beats before the load, its leaving.
+func (d *fleetDiag) roundTrips(successes, pods int) (serving, perPod float64) {
+	served := d.served.Load()
+	if served == 0 {
+		served = d.total.Load() // no instance closes (redis_rate)
+	}
+	load := served - d.early.Load() - (d.setup.Load() - d.earlySetup.Load())
+	return float64(load) / float64(max(1, successes)), float64(d.total.Load()-load) / float64(max(1, pods))
 }
 
 func (d *fleetDiag) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -175,7 +196,8 @@ func sharedSizeStrategy(name string, d *fleetDiag, mk func(env podEnv) (sharedSi
 			return pod{}, err
 		}
 		c := &http.Client{Transport: tr}
-		return pod{do: c.Do, effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() }, close: lim.Close}, nil
+		closing := func() error { d.closing(); return lim.Close() }
+		return pod{do: c.Do, effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() }, close: closing}, nil
 	}}
 }
 
@@ -214,34 +236,18 @@ func TestFleetSize(t *testing.T) {
 	}
 	var out strings.Builder
 	fmt.Fprintf(&out, "%s\n\n", benchkit.Machine())
-	header := []string{"fleet", "R / B", "strategy", "successes in 10 s", "% of R", "429s", "429s per second",
-		"max sent / 1 s (R+B)", "p50", "p99", "p99 / FIFO ideal", "Redis round trips / success", "without connection set-up", "fallbacks"}
+	header := fleetSizeHeader()
 	var rows [][]string
 	only := os.Getenv(fleetSizeOnlyEnv)
 	for _, f := range fleetSizes() {
 		if only != "" && !slices.Contains(strings.Split(only, ","), f.id) {
 			continue
 		}
-		for _, kind := range []string{"egress SharedTokenBucket", "egress SharedLeakyBucket", "redis_rate"} {
+		for _, kind := range fleetSizeKinds() {
 			d := &fleetDiag{commands: map[string]int{}}
-			var st strategy
-			switch kind {
-			case "egress SharedTokenBucket":
-				st = sharedSizeStrategy(kind, d, func(env podEnv) (sharedSizeLimiter, error) {
-					return egress.NewSharedTokenBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), env.limits.egressBurst, d.options(env)...)
-				})
-			case "egress SharedLeakyBucket":
-				depth := f.pods * f.workers
-				st = sharedSizeStrategy(kind, d, func(env podEnv) (sharedSizeLimiter, error) {
-					return egress.NewSharedLeakyBucket(env.rdb, sharedName, egress.PerSecond(env.limits.rate), depth, d.options(env)...)
-				})
-			default:
-				st = redisRateSizeStrategy(d)
-			}
 			sc := scenario{
-				strategy: st, load: f.load(), duration: signalDuration,
-				provider: fakeapi.Config{Rate: f.rate, Burst: f.burst, Latency: signalLatency, Dialect: fakeapi.IETFDraft, Seed: signalsSeed()},
-				limits:   limits{rate: f.rate, burst: f.burst, egressBurst: f.burst, adaptive: true},
+				strategy: fleetSizeStrategy(kind, f, d), load: f.load(), duration: signalDuration,
+				provider: f.provider(), limits: f.limits(),
 			}
 			d.start = time.Now()
 			name := f.id + "/" + kind
@@ -252,8 +258,7 @@ func TestFleetSize(t *testing.T) {
 			m := signalMeasure{o: o}
 			succ := m.successes()
 			cmds, changes, ls := d.summary()
-			rt := float64(d.total.Load()) / float64(max(1, succ))
-			rtRun := float64(d.total.Load()-d.setup.Load()) / float64(max(1, succ))
+			rt, rtPod := d.roundTrips(o.accepted, f.pods)
 			t.Logf("%s: sent per second %v (max %d, R+B %d); Redis commands %d: %s", name, o.sentPerSec, o.maxSentPerSec,
 				int(f.rate)+f.burst, d.total.Load(), cmds)
 			t.Logf("%s: reservations %d, admitted %d, sent %d, pods in fallback at the end %d; rate changes %d: %v",
@@ -262,10 +267,7 @@ func TestFleetSize(t *testing.T) {
 			d.mu.Lock()
 			t.Logf("%s: switches to the fallback %d: %v", name, len(d.falls), head(d.falls, 10))
 			d.mu.Unlock()
-			rows = append(rows, []string{f.id, fmt.Sprintf("%g / %d", f.rate, f.burst), kind, benchkit.Count(succ),
-				benchkit.Percent(float64(succ) / (f.rate * signalDuration.Seconds())), benchkit.Count(o.limited), fmt.Sprint(o.limitedPerSec),
-				fmt.Sprintf("%d (%d)", o.maxSentPerSec, int(f.rate)+f.burst), benchkit.Ms(o.p50), benchkit.Ms(o.p99),
-				fmt.Sprintf("%.2f", o.p99.Seconds()/f.fifoIdeal().Seconds()), fmt.Sprintf("%.2f", rt), fmt.Sprintf("%.2f", rtRun), benchkit.Count(int(o.fallback))})
+			rows = append(rows, f.row(kind, succ, o, rt, rtPod))
 		}
 	}
 	fmt.Fprintf(&out, "%s\nLoad after the run: %s\n", benchkit.Markdown(header, rows), benchkit.LoadAvg())
