@@ -635,9 +635,11 @@ func (s *shared) background() {
 	defer close(s.done)
 	sub, msgs := s.subscribe()
 	defer func() { _ = sub.Close() }()
-	// No beat of its own at the start: the instance's first reservation
-	// carries its first beat (see idleBeat), and the first tick beats for
-	// an instance that has made none by then.
+	// A beat of its own at the start, whatever the requests: the count
+	// of the fleet that a fallback shares the rate by is known before the
+	// first reservation, which may fail (a new instance joining a fleet
+	// while Redis is failing falls back to its share, not to the rate).
+	s.beat()
 	tick := time.NewTicker(s.cfg.heartbeat / 4)
 	defer tick.Stop()
 	for {
@@ -711,8 +713,7 @@ func (s *shared) beaten(n int64) {
 // Heartbeats ride on reservations: a reservation made half a heartbeat
 // period or more after the last beat carries one, in the same round trip
 // (a pipeline), and the background goroutine beats only when none has for
-// idleBeat periods. An instance's first reservation carries its first
-// beat (see background). A busy instance then makes no round trip of its own
+// idleBeat periods. A busy instance then makes no round trip of its own
 // for the fleet's count (at 64 instances of one worker each, the beats
 // were 0.7 round trips per request sent, at 256 instances 1.3); an idle one makes
 // one every idleBeat periods (two seconds by default), within the three

@@ -74,28 +74,24 @@ type fleetDiag struct {
 
 	total atomic.Int64 // Redis commands (a pipeline counts as one round trip)
 	setup atomic.Int64 // of which a new connection's (HELLO, CLIENT SETINFO)
-
-	// The load's commands: from its start (early: the total then, and
-	// its connections' set-up) until the first instance closed (served).
-	// An instance built before the start (a process's) beats while idle;
-	// on Close it leaves the fleet's count.
-	early, earlySetup, served atomic.Int64
-	closed                    sync.Once
+	own   atomic.Int64 // of which an instance's own: set-up, and heartbeats sent alone (joining, idle, leaving)
 }
 
-// closing notes the commands sent until the first instance closes.
-func (d *fleetDiag) closing() { d.closed.Do(func() { d.served.Store(d.total.Load()) }) }
+// roundTrips returns the Redis round trips per success of the load (every
+// command but an instance's own) and an instance's own.
+func (d *fleetDiag) roundTrips(successes, pods int) (load, own float64) {
+	return float64(d.total.Load()-d.own.Load()) / float64(max(1, successes)), float64(d.own.Load()) / float64(max(1, pods))
+}
 
-// roundTrips returns the Redis round trips per success of the load, a new
-// connection's set-up left out, and the rest per instance: its
-// connections' set-up, its beats before the load, its leaving.
-func (d *fleetDiag) roundTrips(successes, pods int) (serving, perPod float64) {
-	served := d.served.Load()
-	if served == 0 {
-		served = d.total.Load() // no instance closes (redis_rate)
+// heartbeat reports whether cmd is a heartbeat: a script on the fleet's
+// members key.
+func heartbeat(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if n := cmd.Name(); (n != "evalsha" && n != "eval") || len(args) < 4 {
+		return false
 	}
-	load := served - d.early.Load() - (d.setup.Load() - d.earlySetup.Load())
-	return float64(load) / float64(max(1, successes)), float64(d.total.Load()-load) / float64(max(1, pods))
+	k, _ := args[3].(string)
+	return strings.HasSuffix(k, ":members")
 }
 
 func (d *fleetDiag) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -108,6 +104,9 @@ func (d *fleetDiag) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		d.total.Add(1)
 		if name == "hello" {
 			d.setup.Add(1)
+		}
+		if name == "hello" || heartbeat(cmd) {
+			d.own.Add(1)
 		}
 		d.mu.Lock()
 		d.commands[name]++
@@ -124,6 +123,7 @@ func (d *fleetDiag) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			name += ":" + cmds[0].Name()
 			if cmds[0].Name() == "client" {
 				d.setup.Add(1)
+				d.own.Add(1)
 			}
 		}
 		d.mu.Lock()
@@ -196,8 +196,7 @@ func sharedSizeStrategy(name string, d *fleetDiag, mk func(env podEnv) (sharedSi
 			return pod{}, err
 		}
 		c := &http.Client{Transport: tr}
-		closing := func() error { d.closing(); return lim.Close() }
-		return pod{do: c.Do, effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() }, close: closing}, nil
+		return pod{do: c.Do, effectiveRate: func(key string) float64 { return lim.EffectiveRate(key).PerSecond() }, close: lim.Close}, nil
 	}}
 }
 

@@ -55,7 +55,8 @@ func fleetSizeHeader() []string {
 
 // row is f's row for kind: succ successes in the run's 10 s, o's 429s,
 // sends and latencies, rt Redis round trips per success of the load and
-// rtPod an instance's own (see fleetDiag.roundTrips).
+// rtPod an instance's own: its connections' set-up and its heartbeats sent
+// alone (see fleetDiag.roundTrips).
 func (f fleetSize) row(kind string, succ int, o outcome, rt, rtPod float64) []string {
 	return []string{f.id, fmt.Sprintf("%g / %d", f.rate, f.burst), kind, benchkit.Count(succ),
 		benchkit.Percent(float64(succ) / (f.rate * signalDuration.Seconds())), benchkit.Count(o.limited), fmt.Sprint(o.limitedPerSec),

@@ -116,7 +116,7 @@ type procReport struct {
 	Setup      int64                // of which a new connection's (HELLO, CLIENT SETINFO)
 	EarlyTotal int64                // Redis round trips before the process's load started: heartbeats while idle, and connection set-up
 	EarlySetup int64                // of them, connection set-up
-	Served     int64                // Redis round trips until the first instance closed
+	Own        int64                // of them, the instances' own (see fleetDiag)
 	Fallbacks  int64                // egress's switches to its local fallback
 	Early      int64                // of them, before the process's load started
 	Failures   map[string]int       // failed calls by cause: the refusal's reason, the error, or the final status
@@ -226,7 +226,7 @@ func runProcChild(ctx context.Context, c procChildConfig) (procReport, error) {
 		rep.Stats = append(rep.Stats, s())
 	}
 	d.mu.Unlock()
-	rep.Total, rep.Setup, rep.Served = d.total.Load(), d.setup.Load(), d.served.Load()
+	rep.Total, rep.Setup, rep.Own = d.total.Load(), d.setup.Load(), d.own.Load()
 	rep.Failures = failures.counts()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -104,9 +104,7 @@ func procOutcome(start time.Time, api *fakeapi.API, reqs *requestLog, reps []pro
 		}
 		d.total.Add(r.Total)
 		d.setup.Add(r.Setup)
-		d.early.Add(r.EarlyTotal)
-		d.earlySetup.Add(r.EarlySetup)
-		d.served.Add(r.Served)
+		d.own.Add(r.Own)
 		for _, c := range r.Changes {
 			d.changes = append(d.changes, fmt.Sprintf("p%d %s", r.Index, c))
 		}
