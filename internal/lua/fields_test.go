@@ -218,33 +218,10 @@ func TestBareFieldsAreFound(t *testing.T) {
 // script: a misspelt name is nil in Lua, and a hash command given nil
 // fails only when its branch runs; a name no script reads is dead.
 func TestFieldNamesResolve(t *testing.T) {
-	defined := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^  (\w+) = '([^']*)',`).FindAllStringSubmatch(fields, -1) {
-		defined[m[1]] = true
-		if m[1] != m[2] {
-			t.Errorf("fields.lua names %s as %q: a field's name in the scripts is its name in Redis", m[1], m[2])
+	for name, value := range tableValues["field"] {
+		if value != "'"+name+"'" {
+			t.Errorf("fields.lua names %s as %s: a field's name in the scripts is its name in Redis", name, value)
 		}
 	}
-	if len(defined) == 0 {
-		t.Fatal("fields.lua defines nothing")
-	}
-	used := map[string]bool{}
-	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control, "limits.lua": limits, "fairstate.lua": fairstate} {
-		for _, m := range regexp.MustCompile(`\bfield\.(\w+)`).FindAllStringSubmatch(codeOf(src), -1) {
-			used[m[1]] = true
-			if !defined[m[1]] {
-				t.Errorf("%s reads field.%s, which fields.lua does not define", name, m[1])
-			}
-		}
-	}
-	for name := range defined {
-		if !used[name] {
-			t.Errorf("field.%s is read by no script", name)
-		}
-	}
-	for name, src := range map[string]string{"heartbeat.lua": heartbeat, "slots.lua": slots} {
-		if strings.Contains(codeOf(src), "field.") {
-			t.Errorf("%s reads field, which does not precede it (see lua.go)", name)
-		}
-	}
+	checkRefs(t, "field", codeOf)
 }

@@ -129,30 +129,37 @@ func TestBareNumbersAreFound(t *testing.T) {
 // every number there is read (a misspelt name is nil in Lua, found only
 // when its branch runs).
 func TestTuneNamesResolve(t *testing.T) {
-	defined := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^  (\w+) = `).FindAllStringSubmatch(tune, -1) {
-		defined[m[1]] = true
-	}
+	checkRefs(t, "tune", func(src string) string { return src })
+}
+
+// checkRefs holds the scripts' references to table (tune or field), in
+// the code that code leaves of each, to its entries: each one read is
+// defined, each one defined is read, and the scripts it does not precede
+// (see lua.go) read none.
+func checkRefs(t *testing.T, table string, code func(string) string) {
+	t.Helper()
+	defined := tableValues[table]
 	if len(defined) == 0 {
-		t.Fatal("tune.lua defines nothing")
+		t.Fatalf("%s's table defines nothing", table)
 	}
+	ref := regexp.MustCompile(`\b` + table + `\.(\w+)`)
 	used := map[string]bool{}
 	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control, "limits.lua": limits, "fairstate.lua": fairstate} {
-		for _, m := range regexp.MustCompile(`\btune\.(\w+)`).FindAllStringSubmatch(src, -1) {
+		for _, m := range ref.FindAllStringSubmatch(code(src), -1) {
 			used[m[1]] = true
-			if !defined[m[1]] {
-				t.Errorf("%s reads tune.%s, which tune.lua does not define", name, m[1])
+			if _, ok := defined[m[1]]; !ok {
+				t.Errorf("%s reads %s.%s, which its table does not define", name, table, m[1])
 			}
 		}
 	}
 	for name := range defined {
 		if !used[name] {
-			t.Errorf("tune.%s is read by no script", name)
+			t.Errorf("%s.%s is read by no script", table, name)
 		}
 	}
 	for name, src := range map[string]string{"heartbeat.lua": heartbeat, "slots.lua": slots} {
-		if strings.Contains(src, "tune.") {
-			t.Errorf("%s reads tune, which does not precede it (see lua.go)", name)
+		if strings.Contains(code(src), table+".") {
+			t.Errorf("%s reads %s, which does not precede it (see lua.go)", name, table)
 		}
 	}
 }
