@@ -1,8 +1,6 @@
 package lua
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -159,22 +157,10 @@ func codeOf(src string) string {
 // would drift from the Go's unseen, and a misspelt one would read a field
 // no script writes.
 func TestNoBareFieldNames(t *testing.T) {
-	files, err := filepath.Glob("*.lua")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	twins, err := filepath.Glob("../fair/*.lua")
-	if err != nil || len(twins) == 0 {
-		t.Fatalf("no twins: %v", err)
-	}
 	calls := 0
-	for _, f := range append(files, twins...) {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		calls += len(hashCalls(string(src)))
-		for _, b := range bareFields(string(src)) {
+	for f, src := range scriptFiles(t) {
+		calls += len(hashCalls(src))
+		for _, b := range bareFields(src) {
 			t.Errorf("%s:%s", f, b)
 		}
 	}

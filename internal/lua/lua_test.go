@@ -81,28 +81,38 @@ func bareNumbers(src string) []string {
 // written once in the Go beside them; a number written in a script would
 // drift from its Go twin unseen.
 func TestNoBareTuningNumbers(t *testing.T) {
+	for f, src := range scriptFiles(t) {
+		if f == "tune.lua" {
+			continue // generated: the numbers' one place in Lua
+		}
+		for _, b := range bareNumbers(src) {
+			t.Errorf("%s:%s", f, b)
+		}
+	}
+}
+
+// scriptFiles returns the scripts of this package and their functions'
+// twins in internal/fair (which sit beside their Go twins there), by
+// file.
+func scriptFiles(t *testing.T) map[string]string {
+	t.Helper()
 	files, err := filepath.Glob("*.lua")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
-	// The scripts' functions that sit beside their Go twins elsewhere.
 	twins, err := filepath.Glob("../fair/*.lua")
 	if err != nil || len(twins) == 0 {
 		t.Fatalf("no twins: %v", err)
 	}
-	files = append(files, twins...)
-	for _, f := range files {
-		if f == "tune.lua" {
-			continue // generated: the numbers' one place in Lua
-		}
+	out := map[string]string{}
+	for _, f := range append(files, twins...) {
 		src, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, b := range bareNumbers(string(src)) {
-			t.Errorf("%s:%s", f, b)
-		}
+		out[f] = string(src)
 	}
+	return out
 }
 
 // TestBareNumbersAreFound: the scan sees numbers in code, and none in
