@@ -30,9 +30,10 @@ vet:
 
 # The fast step, for a change in progress: every test under -race that needs
 # neither Redis nor the wall clock (-short skips the Redis tests: see
-# redistest; the property tests draw a quarter of their schedules), just
-# under a minute on two cores once built. Not part of test, whose race step
-# runs the same tests again beside the Redis ones.
+# redistest, and the examples' demos, which run on the real clock; the
+# property tests draw a quarter of their schedules), about 45 s on two
+# cores once built. Not part of test, whose race step runs the same tests
+# again beside the Redis ones and the demos.
 fast:
 	$(GO) test -race -short -count=1 -skip '$(WALLCLOCK)' ./...
 

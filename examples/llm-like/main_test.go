@@ -52,6 +52,9 @@ func checkRuns(t *testing.T, s settings, runs []result) {
 }
 
 func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo on the real clock: make test runs it, make fast (-short) does not")
+	}
 	cases := []struct {
 		name string
 		args []string

@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 // are not refused, the backfill still gets most of the limit, and the
 // light tenant gets what it asks for.
 func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo on the real clock: make test runs it, make fast (-short) does not")
+	}
 	s := settings{duration: 2 * time.Second, seed: 1}
 	var out bytes.Buffer
 	runs, err := run(t.Context(), s, &out)

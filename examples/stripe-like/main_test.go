@@ -57,6 +57,9 @@ func checkRuns(t *testing.T, s settings, runs []result) {
 }
 
 func TestDemoInProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo on the real clock: make test runs it, make fast (-short) does not")
+	}
 	cases := []struct {
 		name string
 		args []string
