@@ -113,10 +113,9 @@ type procReport struct {
 	Limited    int                  // 429s (and 403s) the instances received
 	Commands   map[string]int       // Redis commands by name, as fleetDiag counts them
 	Total      int64                // Redis round trips
-	Setup      int64                // of which a new connection's (HELLO, CLIENT SETINFO)
+	Own        int64                // of them, the instances' own (see fleetDiag)
 	EarlyTotal int64                // Redis round trips before the process's load started: heartbeats while idle, and connection set-up
 	EarlySetup int64                // of them, connection set-up
-	Own        int64                // of them, the instances' own (see fleetDiag)
 	Fallbacks  int64                // egress's switches to its local fallback
 	Early      int64                // of them, before the process's load started
 	Failures   map[string]int       // failed calls by cause: the refusal's reason, the error, or the final status
@@ -226,7 +225,7 @@ func runProcChild(ctx context.Context, c procChildConfig) (procReport, error) {
 		rep.Stats = append(rep.Stats, s())
 	}
 	d.mu.Unlock()
-	rep.Total, rep.Setup, rep.Own = d.total.Load(), d.setup.Load(), d.own.Load()
+	rep.Total, rep.Own = d.total.Load(), d.own.Load()
 	rep.Failures = failures.counts()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -103,7 +103,6 @@ func procOutcome(start time.Time, api *fakeapi.API, reqs *requestLog, reps []pro
 			d.commands[n] += c
 		}
 		d.total.Add(r.Total)
-		d.setup.Add(r.Setup)
 		d.own.Add(r.Own)
 		for _, c := range r.Changes {
 			d.changes = append(d.changes, fmt.Sprintf("p%d %s", r.Index, c))
