@@ -72,6 +72,7 @@ type SharedInFlightLimit struct {
 
 	fallback   atomic.Pointer[InFlightLimit] // non-nil while Redis is unreachable
 	liveN      atomic.Int64
+	ann        *announcements // the keys' released slots
 	roundTrips atomic.Int64
 	admitted   atomic.Int64
 	stop       chan struct{}
@@ -123,6 +124,7 @@ func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts 
 		stop:    make(chan struct{}), done: make(chan struct{}),
 	}
 	s.liveN.Store(1)
+	s.ann = newAnnouncements(rdb, "egress:{"+name+":*}:released", s.cfg.timeout)
 	go s.background()
 	return s, nil
 }
@@ -131,7 +133,11 @@ func (s *SharedInFlightLimit) slotsKey(id string) string {
 	return "egress:{" + s.name + ":" + id + "}:slots"
 }
 func (s *SharedInFlightLimit) membersKey() string { return "egress:{" + s.name + "}:slot-members" }
-func (s *SharedInFlightLimit) channel() string    { return "egress:{" + s.name + "}:slots" }
+
+// channel is the channel of key id's released slots (see announcements).
+func (s *SharedInFlightLimit) channel(id string) string {
+	return "egress:{" + s.name + ":" + id + "}:released"
+}
 
 // Acquire implements InFlightLimiter. Waiting in Redis, it returns a
 // *LimitError with ReasonInFlight when maxWait (> 0) passes, ctx.Err()
@@ -287,7 +293,7 @@ func (s *SharedInFlightLimit) release(id, lease string) {
 
 // releaseAll removes the leases of key id from Redis.
 func (s *SharedInFlightLimit) releaseAll(id string, leases ...string) error {
-	args := releaseArgs(s.channel(), id, leases)
+	args := releaseArgs(s.channel(id), id, leases)
 	return s.do(func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, args...).Err()
 	})
@@ -315,6 +321,7 @@ func (s *SharedInFlightLimit) register(id string) chan struct{} {
 	s.mu.Lock()
 	s.waiters[id] = append(s.waiters[id], ch)
 	s.mu.Unlock()
+	s.ann.want(s.channel(id), time.Now())
 	return ch
 }
 
@@ -387,10 +394,9 @@ func (s *SharedInFlightLimit) failed(err error) {
 // renews the leases held, and hears released slots.
 func (s *SharedInFlightLimit) background() {
 	defer close(s.done)
-	sub := s.rdb.Subscribe(context.Background(), s.channel())
-	msgs := sub.Channel()
-	defer func() { _ = sub.Close() }()
-	s.beat()
+	defer s.ann.close()
+	s.beat() // (its reply says how to subscribe to the released slots)
+	s.ann.sync(true, time.Now())
 	beat := time.NewTicker(defaultHeartbeat / 4)
 	defer beat.Stop()
 	renew := time.NewTicker(s.live / 3)
@@ -400,22 +406,18 @@ func (s *SharedInFlightLimit) background() {
 		select {
 		case <-s.stop:
 			return
-		case m, ok := <-msgs:
-			if !ok {
-				msgs = nil // the client was closed: subscribe again once Redis answers
-				continue
-			}
-			s.wake(m.Payload)
+		case id := <-s.ann.in:
+			s.wake(id)
+		case <-s.ann.kick:
+			s.ann.sync(false, time.Now())
 		case now := <-beat.C:
 			// Beat once a second; probe four times as often in fallback.
 			if s.fallback.Load() != nil || now.Sub(last) >= defaultHeartbeat {
 				s.beat()
 				last = now
 			}
-			if msgs == nil && s.fallback.Load() == nil {
-				_ = sub.Close()
-				sub = s.rdb.Subscribe(context.Background(), s.channel())
-				msgs = sub.Channel()
+			if s.fallback.Load() == nil {
+				s.ann.sync(s.ann.due(now, defaultHeartbeat), now)
 			}
 		case <-renew.C:
 			if s.fallback.Load() == nil {
@@ -432,17 +434,20 @@ func (s *SharedInFlightLimit) beat() {
 	if c, ok := s.rdb.(interface{ ReloadState(context.Context) }); ok && s.fallback.Load() != nil {
 		c.ReloadState(context.Background()) // a Cluster client learns a promoted replica
 	}
-	var n int64
+	var r beatReply
 	err := s.do(func(ctx context.Context) error {
-		var err error
-		n, err = caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, beat(s.id, slotMembersTTL, true)...).Int64()
+		reply, err := caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, beat(s.id, slotMembersTTL, true)...).Int64Slice()
+		if err == nil {
+			r, err = parseBeat(reply)
+		}
 		return err
 	})
 	if err != nil {
 		s.failed(err)
 		return
 	}
-	s.liveN.Store(max(1, n))
+	s.liveN.Store(max(1, r.live))
+	s.ann.heard(r)
 	left := s.fallback.Swap(nil) != nil
 	s.adopt()
 	s.removeOrphans()

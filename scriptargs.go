@@ -111,6 +111,24 @@ func beat(id string, ttl time.Duration, join bool) []any {
 	return argv(make([]any, 0, 4), &heartbeatArgv{id: id, ttl: ttl.Milliseconds(), join: b2i(join)})
 }
 
+// beatReply is heartbeat.lua's reply: the live instances, and whether
+// the scripts publish the fleet's announcements to shard channels
+// (internal/lua/publish.lua; see announcements).
+type beatReply struct {
+	live    int64
+	sharded bool
+}
+
+// parseBeat checks and reads heartbeat.lua's reply: a count that is not
+// negative, and a flag of 0 or 1. A malformed reply is an error, never a
+// panic.
+func parseBeat(reply []int64) (beatReply, error) {
+	if len(reply) != 2 || reply[0] < 0 || reply[1] < 0 || reply[1] > 1 {
+		return beatReply{}, fmt.Errorf("malformed reply %v", reply)
+	}
+	return beatReply{live: reply[0], sharded: reply[1] == 1}, nil
+}
+
 // slots.lua's ARGV, a type an operation: its ARGV[1] (slotsOp), then
 // the operation's own arguments.
 

@@ -288,3 +288,16 @@ func TestSlotsReply(t *testing.T) {
 		assert.Error(t, err, "%v", bad)
 	}
 }
+
+func TestBeatReply(t *testing.T) {
+	r, err := parseBeat([]int64{3, 1})
+	require.NoError(t, err)
+	assert.Equal(t, beatReply{live: 3, sharded: true}, r)
+	r, err = parseBeat([]int64{0, 0})
+	require.NoError(t, err)
+	assert.Equal(t, beatReply{}, r)
+	for _, bad := range [][]int64{nil, {1}, {1, 0, 0}, {-1, 0}, {1, 2}, {1, -1}} {
+		_, err := parseBeat(bad)
+		assert.Error(t, err, "%v", bad)
+	}
+}

@@ -155,6 +155,7 @@ type shared struct {
 	calls                caller.Caller // how it waits for Redis
 	roundTrips, admitted atomic.Int64
 	live                 atomic.Int64
+	ann                  *announcements                // the fleet's channels
 	lastBeat             atomic.Int64                  // unix ns (wall clock) of the last heartbeat that Redis took
 	fallback             atomic.Pointer[fallbackState] // nil in shared mode
 	fallbackShare        atomic.Uint64                 // float64 bits: the fallback's rate over the configured one
@@ -330,6 +331,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		stop:            make(chan struct{}),
 		done:            make(chan struct{}),
 	}
+	s.ann = newAnnouncements(rdb, "egress:{"+name+":*}:pauses", cfg.timeout)
 	if s.clock == nil {
 		s.clock = clock.Real{}
 	}
@@ -386,7 +388,9 @@ func (s *shared) sharesKey(id string) string {
 func (*shared) ordersFleet() {}
 
 func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }
-func (s *shared) channel() string    { return "egress:{" + s.name + "}:pauses" }
+
+// keyChannel is the channel of key id's announcements (see announcements).
+func (s *shared) keyChannel(id string) string { return "egress:{" + s.name + ":" + id + "}:pauses" }
 
 // Wait implements Limiter for the fleet: see SharedTokenBucket and
 // SharedLeakyBucket.
@@ -633,27 +637,24 @@ func (s *shared) start() {
 
 func (s *shared) background() {
 	defer close(s.done)
-	sub, msgs := s.subscribe()
-	defer func() { _ = sub.Close() }()
+	defer s.ann.close()
 	// A beat of its own at the start, whatever the requests: the count
 	// of the fleet that a fallback shares the rate by is known before the
 	// first reservation, which may fail (a new instance joining a fleet
 	// while Redis is failing falls back to its share, not to the rate).
+	// Its reply says, too, how to subscribe to the fleet's channels.
 	s.beat()
+	s.ann.sync(true, time.Now())
 	tick := time.NewTicker(s.cfg.heartbeat / 4)
 	defer tick.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
-		case m, ok := <-msgs:
-			if !ok {
-				// The subscription ended: its client was closed, or its
-				// connection pool was. Subscribe again once Redis answers.
-				msgs = nil
-				continue
-			}
-			s.hear(m.Payload)
+		case p := <-s.ann.in:
+			s.hear(p)
+		case <-s.ann.kick:
+			s.ann.sync(false, time.Now())
 		case now := <-tick.C:
 			// Beat when no reservation has carried a beat for two
 			// heartbeat periods (see beatDue); probe four times a period
@@ -662,19 +663,14 @@ func (s *shared) background() {
 			if s.fallback.Load() != nil || now.Sub(time.Unix(0, s.lastBeat.Load())) >= idleBeat*s.cfg.heartbeat {
 				s.beat()
 			}
-			if msgs == nil && s.fallback.Load() == nil {
-				_ = sub.Close()
-				sub, msgs = s.subscribe()
+			// (A subscription whose client was closed is made again
+			// once Redis answers; each channel's node is checked once
+			// a heartbeat period.)
+			if s.fallback.Load() == nil {
+				s.ann.sync(s.ann.due(now, s.cfg.heartbeat), now)
 			}
 		}
 	}
-}
-
-// subscribe subscribes to the fleet's pause announcements. A closed client
-// gives a subscription whose channel is closed at once.
-func (s *shared) subscribe() (*redis.PubSub, <-chan *redis.Message) {
-	sub := s.rdb.Subscribe(context.Background(), s.channel())
-	return sub, sub.Channel()
 }
 
 // beat sends a heartbeat and learns the live count; it also probes Redis:
@@ -685,17 +681,19 @@ func (s *shared) beat() {
 		// reload: ask for one while probing.
 		c.ReloadState(context.Background())
 	}
-	var n int64
+	var r beatReply
 	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
-		var err error
-		n, err = caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, beat(s.id, s.instanceTTL(), true)...).Int64()
+		reply, err := caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, beat(s.id, s.instanceTTL(), true)...).Int64Slice()
+		if err == nil {
+			r, err = parseBeat(reply)
+		}
 		return err
 	})
 	if err != nil {
 		s.failed(err)
 		return
 	}
-	s.beaten(n)
+	s.beaten(r)
 	if fb := s.fallback.Swap(nil); fb != nil {
 		s.lastFallback.Store(&fallbackState{limiter: fb.limiter, left: s.clock.Now()})
 		if s.cfg.onFallback != nil {
@@ -704,9 +702,11 @@ func (s *shared) beat() {
 	}
 }
 
-// beaten records a heartbeat Redis took, and the live count it returned.
-func (s *shared) beaten(n int64) {
-	s.live.Store(max(1, n))
+// beaten records a heartbeat Redis took, and what it returned: the live
+// count, and the scripts' channels.
+func (s *shared) beaten(r beatReply) {
+	s.live.Store(max(1, r.live))
+	s.ann.heard(r)
 	s.lastBeat.Store(time.Now().UnixNano())
 }
 

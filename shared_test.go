@@ -1268,6 +1268,40 @@ func TestSharedCluster(t *testing.T) {
 		assert.Greater(t, time.Since(start), 180*time.Millisecond)
 	})
 
+	t.Run("announced on the key's shard", func(t *testing.T) {
+		a, b := tbs[0].(*SharedTokenBucket), tbs[1].(*SharedTokenBucket)
+		key := "sharded"
+		ch, id := a.keyChannel(keyID(key)), keyID(key)
+		for _, l := range []*SharedTokenBucket{a, b} {
+			_, err := l.Wait(ctx, key, 1, 0)
+			require.NoError(t, err)
+		}
+		owner, err := admin.MasterForKey(ctx, ch)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return shardSubscribers(t, owner, ch) == 2 }, 3*time.Second, time.Millisecond,
+			"both instances subscribe on the node of the key's slot")
+		require.NoError(t, admin.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			plain, err := n.PubSubChannels(ctx, "egress:*").Result()
+			assert.Empty(t, plain, "no broadcast channel on %s", n.Options().Addr)
+			pats, err2 := n.PubSubNumPat(ctx).Result()
+			assert.Zero(t, pats, "no pattern on %s", n.Options().Addr)
+			shard, err3 := n.PubSubShardChannels(ctx, ch).Result()
+			if n.Options().Addr == owner.Options().Addr {
+				assert.Equal(t, []string{ch}, shard)
+			} else {
+				assert.Empty(t, shard, "the key's channel only on its node, not on %s", n.Options().Addr)
+			}
+			return errors.Join(err, err2, err3)
+		}))
+		require.NoError(t, holdKey(ctx, a, key, time.Now().Add(time.Second)))
+		assert.Eventually(t, func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			_, ok := b.pauses[id]
+			return ok
+		}, time.Second, time.Millisecond, "B hears A's hold on the key's shard channel")
+	})
+
 	t.Run("exact", func(t *testing.T) {
 		tl := hammer(t, tbs, "exact", 6, time.Second, oneUnit)
 		worst := checkWindows(t, tl, 50, 5, 1)

@@ -424,13 +424,14 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 	a := reserveArgv{
 		configured: s.rate.PerSecond(), usable: s.usableAt(id, now), depth: s.depth,
 		discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor,
-		probeHold: micros(probeHold), channel: s.channel(), id: id, read: -1,
+		probeHold: micros(probeHold), channel: s.keyChannel(id), id: id, read: -1,
 	}
 	var rep *budgetReport
 	if l, ok := s.learnt.M[id]; ok {
 		rep, l.report = l.report, nil
 	}
 	s.mu.Unlock()
+	s.ann.want(a.channel, now)
 	a.budgetArgv = budgetArgs(rep, now)
 	if rep != nil {
 		a.read = max(micros(now.Sub(rep.read)), 0)
@@ -481,8 +482,10 @@ func (s *shared) pipeBeating(ctx context.Context, keys []string, args []any,
 	rc := run(s.reserveScript, ctx, pipe, keys, append(args, now)...)
 	hc := run(s.heartbeatScript, ctx, pipe, []string{s.membersKey()}, append(beat(s.id, s.instanceTTL(), true), now)...)
 	_, _ = pipe.Exec(ctx)
-	if n, err := hc.Int64(); err == nil {
-		s.beaten(n)
+	if reply, err := hc.Int64Slice(); err == nil {
+		if r, err := parseBeat(reply); err == nil {
+			s.beaten(r)
+		}
 	}
 	return rc
 }

@@ -357,7 +357,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		accepted: b2i(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices),
 		ago:      -1, reset: -1, retryAfter: -1, remaining: -1, limit: -1,
 		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0),
-		estimate: est, usable: s.usable, probeHold: micros(probeHold), channel: s.channel(), id: id,
+		estimate: est, usable: s.usable, probeHold: micros(probeHold), channel: s.keyChannel(id), id: id,
 		kind: int(q.Kind), other: b2i(ev == evOther), bare: b2i(!hasQ), stormTTL: micros(stormTTL),
 		budget: b2i(rep != nil), sign: b2i(sign),
 	}

@@ -192,6 +192,7 @@ const replanHoldBack = 10 * time.Millisecond
 // and the waiters queued for a call. Guarded by the limiter's mu.
 type limitsLane struct {
 	keys    []string
+	channel string // the key's announcements' (see SharedLimits.channel)
 	queue   []*limitsPending
 	leading bool
 	held    time.Time     // the latest turn this process holds
@@ -226,18 +227,26 @@ type limitsReply struct {
 	err     error
 }
 
+// topID returns the id of key's top key: its parent's, when a limit has
+// one (see SharedLimits), else its own.
+func (l *SharedLimits) topID(key string) string {
+	for i := range l.limits {
+		if l.limits[i].parent != nil {
+			return keyID(l.limits[i].parent(key))
+		}
+	}
+	return keyID(key)
+}
+
+// channel returns the channel of key's announcements: its top key's, in
+// the slot of the keys its decisions touch (see announcements).
+func (l *SharedLimits) channel(key string) string { return l.fleet.keyChannel(l.topID(key)) }
+
 // redisKeys returns the keys one decision for key touches: the key's hold,
 // each limit's state and grants, and the counter of grant ids. They share
 // the hash tag of the top key (see SharedLimits).
 func (l *SharedLimits) redisKeys(key string) []string {
-	top := key
-	for i := range l.limits {
-		if l.limits[i].parent != nil {
-			top = l.limits[i].parent(key)
-			break
-		}
-	}
-	tag := "egress:{" + l.fleet.name + ":" + keyID(top) + "}:lm:"
+	tag := "egress:{" + l.fleet.name + ":" + l.topID(key) + "}:lm:"
 	keys := make([]string, 1, 4+2*len(l.limits))
 	keys[0] = tag + "hold:" + keyID(key)
 	for i := range l.limits {
@@ -504,7 +513,7 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 	}
 	ln, ok := l.lanes.Get(key, now)
 	if !ok {
-		ln = &limitsLane{keys: l.redisKeys(key), wake: make(chan struct{}, 1)}
+		ln = &limitsLane{keys: l.redisKeys(key), channel: l.channel(key), wake: make(chan struct{}, 1)}
 		l.lanes.Put(key, ln)
 	}
 	ln.queue = append(ln.queue, p)
@@ -520,7 +529,9 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 		default:
 		}
 	}
+	channel := ln.channel
 	l.mu.Unlock()
+	l.fleet.ann.want(channel, now)
 	select {
 	case r := <-p.res:
 		return r
@@ -736,7 +747,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if !changed {
 		return
 	}
-	a.replan, a.channel, a.id = b2i(l.replan), s.channel(), keyID(g.Key)
+	a.replan, a.channel, a.id = b2i(l.replan), l.channel(g.Key), keyID(g.Key)
 	args := limitsSettleArgs(l.groups, &a)
 	_ = s.calls.Do(context.Background(), func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
@@ -766,7 +777,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	if holdFor > 0 {
 		s.heard(id, pauseMark{until: d.Hold, heard: now}) // this process's waiters need not wait for the channel
 	}
-	args := limitsLearnArgs(l.groups, &limitsLearn{hold: holdFor, channel: s.channel(), id: id, caps: caps})
+	args := limitsLearnArgs(l.groups, &limitsLearn{hold: holdFor, channel: l.channel(key), id: id, caps: caps})
 	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(key), args...).Err()
 	})

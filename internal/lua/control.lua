@@ -23,7 +23,7 @@
 --          second; 0 when too few
 -- ARGV[16] the usable burst; 0 for a pacer
 -- ARGV[17] how long a "remaining 0" holds a key of unknown shape, in us
--- ARGV[18] the channel on which to tell every instance of a hold
+-- ARGV[18] the key's channel (publish.lua), on which every instance hears of a hold
 -- ARGV[19] the key's id, sent on the channel as "<id> <hold left in us>",
 --          or as "<id> x<old rate over new> <us until the spread starts>"
 --          when the rate is lowered
@@ -349,7 +349,7 @@ if exhausted then
       told = told .. ' p' .. pk
       probes = pk
     end
-    redis.call('PUBLISH', ARGV[18], told)
+    publish(ARGV[18], told)
     held = math.ceil(untilus - now)
     heldEnd = untilus
     cur = untilus

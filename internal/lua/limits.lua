@@ -1,6 +1,7 @@
 -- limits: one atomic decision across every limit of a SharedLimits for one
--- request key, on the Redis server's clock (follows now.lua): a batch of
--- reservations, a settlement, or what a response taught (a hold and caps).
+-- request key, on the Redis server's clock (follows now.lua and
+-- publish.lua): a batch of reservations, a settlement, or what a response
+-- taught (a hold and caps).
 -- The arithmetic is Limits' (limits.go, window.go): a bucket is a
 -- theoretical arrival time (GCRA), a window an exact log of grants.
 --
@@ -48,7 +49,7 @@
 --          actual cost, at most n
 -- ARGV[o+2L+2]  whether to replan (1 or 0: every limit a window, none a
 --          parent's)
--- ARGV[o+2L+3], ARGV[o+2L+4]  the channel and the key id to tell moved
+-- ARGV[o+2L+3], ARGV[o+2L+4]  the key's channel (publish.lua) and its id to tell moved
 --          turns on
 --          When a window gives room back and replan is 1, the grants
 --          whose turns are still to come are given their turns again, in
@@ -56,7 +57,7 @@
 --          <grant id>:<turn> ...". Returns 0.
 -- learn:
 -- ARGV[o+1]  the hold's length from now (us; 0 for none)
--- ARGV[o+2], ARGV[o+3]  the channel and the key id to tell a hold on
+-- ARGV[o+2], ARGV[o+3]  the key's channel and its id to tell a hold on
 -- ARGV[o+3i+1], ARGV[o+3i+2], ARGV[o+3i+3]  limit i's triple: the units
 --          the provider said remain, -1 when it said nothing of the
 --          limit's dimension; its reset in us, -1 for none; 1 when its
@@ -377,7 +378,7 @@ if op == 'settle' then
   if refunded and tonumber(ARGV[o + 2 * L + 2]) == 1 then
     local moved = replan()
     if #moved > 0 then
-      redis.call('PUBLISH', ARGV[o + 2 * L + 3], ARGV[o + 2 * L + 4] .. ' m ' .. string.format('%.0f', now) .. ' ' .. table.concat(moved, ' '))
+      publish(ARGV[o + 2 * L + 3], ARGV[o + 2 * L + 4] .. ' m ' .. string.format('%.0f', now) .. ' ' .. table.concat(moved, ' '))
     end
   end
   save()
@@ -388,7 +389,7 @@ if op == 'learn' then
   local holdFor = tonumber(ARGV[o + 1])
   if holdFor > 0 and now + holdFor > hold then
     redis.call('SET', KEYS[1], string.format('%.0f', now + holdFor), 'PX', math.ceil(holdFor / 1000) + 1000)
-    redis.call('PUBLISH', ARGV[o + 2], ARGV[o + 3] .. ' ' .. string.format('%.0f', holdFor))
+    publish(ARGV[o + 2], ARGV[o + 3] .. ' ' .. string.format('%.0f', holdFor))
   end
   for i = 1, L do
     local keep = tonumber(ARGV[o + 3 * i + 1])

@@ -31,6 +31,13 @@ func Now(server bool, t time.Time) string {
 	return "@" + strconv.FormatInt(t.UnixMicro(), 10)
 }
 
+//go:embed publish.lua
+var publish string
+
+// prelude opens every script: the time of the decision (now.lua), and how
+// it publishes the fleet's announcements (publish.lua).
+var prelude = now + publish
+
 //go:embed tune.lua
 var tune string
 
@@ -45,7 +52,7 @@ var rate string
 // key's effective rate). Tests append a return statement to it to run the
 // functions on given inputs, with the time as the one argument. The
 // scripts a limiter runs have the tables inlined (see inline).
-var Rate = now + tune + fields + rate
+var Rate = prelude + tune + fields + rate
 
 // inline writes each tune.<name> and field.<name> of script as its value
 // in tune.lua and fields.lua, and leaves the tables out: the numbers and
@@ -95,7 +102,7 @@ var control string
 // the rate the key has learnt, in the fleet's priority order and tenants'
 // shares (internal/fair's order.lua and shares.lua, the twins of its
 // Order and Shares).
-var Reserve = inline(now + rate + Fair + reserve)
+var Reserve = inline(prelude + rate + Fair + reserve)
 
 //go:embed fairstate.lua
 var fairstate string
@@ -108,23 +115,24 @@ var Fair = fair.OrderLua + fair.SharesLua + fairstate
 
 // Control applies what a response said to a key's controller: the hold,
 // the shape of its quota, the advertised and discovered rate.
-var Control = inline(now + rate + control)
+var Control = inline(prelude + rate + control)
 
 //go:embed heartbeat.lua
 var heartbeat string
 
-// Heartbeat records a live instance and counts the live ones.
-var Heartbeat = now + heartbeat
+// Heartbeat records a live instance and counts the live ones; it says,
+// too, whether the scripts publish to shard channels (publish.lua).
+var Heartbeat = prelude + heartbeat
 
 //go:embed slots.lua
 var slots string
 
 // Slots takes, renews and releases the in-flight leases of one key.
-var Slots = now + slots
+var Slots = prelude + slots
 
 //go:embed limits.lua
 var limits string
 
 // Limits admits, settles and teaches the limits of a SharedLimits: every
 // limit of a request's key and its parents in one call.
-var Limits = inline(now + Fair + limits)
+var Limits = inline(prelude + Fair + limits)

@@ -444,7 +444,7 @@ local function retime(state, tat, from, old, new, burst, now, channel, id, queue
     end
   end
   local seq = redis.call('HINCRBY', state, field.rts, 1)
-  redis.call('PUBLISH', channel, id .. ' x' .. string.format('%.17g', f) .. ' ' .. string.format('%.0f', from - now) ..
+  publish(channel, id .. ' x' .. string.format('%.17g', f) .. ' ' .. string.format('%.0f', from - now) ..
     ' ' .. seq)
   return moved + burst * 1000000 / new, moved
 end

@@ -31,7 +31,7 @@
 -- ARGV[13], ARGV[14]  its limit (-1 when it states none), and the
 --          resolution its reset was read to (us; see resolution)
 -- ARGV[15] how long a spent budget holds a key of unknown shape (us)
--- ARGV[16], ARGV[17]  the channel on which holds and lowerings are told,
+-- ARGV[16], ARGV[17]  the key's channel (publish.lua) on which holds and lowerings are told,
 --          and the key's id (a spent budget's hold is not told, see below;
 --          a change that moves the turns given is, see retime in rate.lua)
 -- ARGV[18] how long ago the report's response was read (us; -1 for none)

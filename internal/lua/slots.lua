@@ -1,5 +1,5 @@
 -- slots: the in-flight leases of one key (SharedInFlightLimit), on the
--- Redis server's clock (follows now.lua).
+-- Redis server's clock (follows now.lua and publish.lua).
 --
 -- KEYS[1]  the key's leases: a sorted set of lease id -> expiry (us)
 -- ARGV[1]  what to do: acquire, adopt, renew or release; its arguments
@@ -18,7 +18,7 @@
 --          leases that are still there, never adding one (a lease released
 --          or expired stays gone). Returns {renewed, 0}.
 -- release:
--- ARGV[2]  the channel to announce each lease removed on
+-- ARGV[2]  the key's channel (publish.lua), to announce each lease removed on
 -- ARGV[3]  the announcement
 -- ARGV[4], ...  a lease id, a lease
 --          Removes the leases. Returns {removed, 0}.
@@ -44,7 +44,7 @@ if op == 'release' then
   for i = 4, #ARGV - 1 do
     if redis.call('ZREM', KEYS[1], ARGV[i]) > 0 then
       n = n + 1
-      redis.call('PUBLISH', ARGV[2], ARGV[3])
+      publish(ARGV[2], ARGV[3])
     end
   end
   return {n, 0}
