@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/announce"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/lua"
 )
@@ -72,7 +73,7 @@ type SharedInFlightLimit struct {
 
 	fallback   atomic.Pointer[InFlightLimit] // non-nil while Redis is unreachable
 	liveN      atomic.Int64
-	ann        *announcements // the keys' released slots
+	ann        *announce.Subs // the keys' released slots
 	roundTrips atomic.Int64
 	admitted   atomic.Int64
 	stop       chan struct{}
@@ -124,7 +125,7 @@ func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts 
 		stop:    make(chan struct{}), done: make(chan struct{}),
 	}
 	s.liveN.Store(1)
-	s.ann = newAnnouncements(rdb, "egress:{"+name+":*}:released", s.cfg.timeout)
+	s.ann = announce.New(rdb, "egress:{"+name+":*}:released", s.cfg.timeout)
 	go s.background()
 	return s, nil
 }
@@ -134,7 +135,7 @@ func (s *SharedInFlightLimit) slotsKey(id string) string {
 }
 func (s *SharedInFlightLimit) membersKey() string { return "egress:{" + s.name + "}:slot-members" }
 
-// channel is the channel of key id's released slots (see announcements).
+// channel is the channel of key id's released slots (see internal/announce).
 func (s *SharedInFlightLimit) channel(id string) string {
 	return "egress:{" + s.name + ":" + id + "}:released"
 }
@@ -321,7 +322,7 @@ func (s *SharedInFlightLimit) register(id string) chan struct{} {
 	s.mu.Lock()
 	s.waiters[id] = append(s.waiters[id], ch)
 	s.mu.Unlock()
-	s.ann.want(s.channel(id), time.Now())
+	s.ann.Want(s.channel(id), time.Now())
 	return ch
 }
 
@@ -394,9 +395,9 @@ func (s *SharedInFlightLimit) failed(err error) {
 // renews the leases held, and hears released slots.
 func (s *SharedInFlightLimit) background() {
 	defer close(s.done)
-	defer s.ann.close()
+	defer s.ann.Close()
 	s.beat() // (its reply says how to subscribe to the released slots)
-	s.ann.sync(true, time.Now())
+	s.ann.Sync(true, time.Now())
 	beat := time.NewTicker(defaultHeartbeat / 4)
 	defer beat.Stop()
 	renew := time.NewTicker(s.live / 3)
@@ -406,10 +407,10 @@ func (s *SharedInFlightLimit) background() {
 		select {
 		case <-s.stop:
 			return
-		case id := <-s.ann.in:
+		case id := <-s.ann.In():
 			s.wake(id)
-		case <-s.ann.kick:
-			s.ann.sync(false, time.Now())
+		case <-s.ann.Kicked():
+			s.ann.Sync(false, time.Now())
 		case now := <-beat.C:
 			// Beat once a second; probe four times as often in fallback.
 			if s.fallback.Load() != nil || now.Sub(last) >= defaultHeartbeat {
@@ -417,7 +418,7 @@ func (s *SharedInFlightLimit) background() {
 				last = now
 			}
 			if s.fallback.Load() == nil {
-				s.ann.sync(s.ann.due(now, defaultHeartbeat), now)
+				s.ann.Sync(s.ann.Due(now, defaultHeartbeat), now)
 			}
 		case <-renew.C:
 			if s.fallback.Load() == nil {
@@ -447,7 +448,7 @@ func (s *SharedInFlightLimit) beat() {
 		return
 	}
 	s.liveN.Store(max(1, r.live))
-	s.ann.heard(r)
+	s.ann.Heard(r.sharded)
 	left := s.fallback.Swap(nil) != nil
 	s.adopt()
 	s.removeOrphans()

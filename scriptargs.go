@@ -113,7 +113,7 @@ func beat(id string, ttl time.Duration, join bool) []any {
 
 // beatReply is heartbeat.lua's reply: the live instances, and whether
 // the scripts publish the fleet's announcements to shard channels
-// (internal/lua/publish.lua; see announcements).
+// (internal/lua/publish.lua; see internal/announce).
 type beatReply struct {
 	live    int64
 	sharded bool

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/announce"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/keyed"
@@ -155,7 +156,7 @@ type shared struct {
 	calls                caller.Caller // how it waits for Redis
 	roundTrips, admitted atomic.Int64
 	live                 atomic.Int64
-	ann                  *announcements                // the fleet's channels
+	ann                  *announce.Subs                // the fleet's channels
 	lastBeat             atomic.Int64                  // unix ns (wall clock) of the last heartbeat that Redis took
 	fallback             atomic.Pointer[fallbackState] // nil in shared mode
 	fallbackShare        atomic.Uint64                 // float64 bits: the fallback's rate over the configured one
@@ -331,7 +332,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		stop:            make(chan struct{}),
 		done:            make(chan struct{}),
 	}
-	s.ann = newAnnouncements(rdb, "egress:{"+name+":*}:pauses", cfg.timeout)
+	s.ann = announce.New(rdb, "egress:{"+name+":*}:pauses", cfg.timeout)
 	if s.clock == nil {
 		s.clock = clock.Real{}
 	}
@@ -389,7 +390,7 @@ func (*shared) ordersFleet() {}
 
 func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }
 
-// keyChannel is the channel of key id's announcements (see announcements).
+// keyChannel is the channel of key id's announcements (see internal/announce).
 func (s *shared) keyChannel(id string) string { return "egress:{" + s.name + ":" + id + "}:pauses" }
 
 // Wait implements Limiter for the fleet: see SharedTokenBucket and
@@ -637,24 +638,24 @@ func (s *shared) start() {
 
 func (s *shared) background() {
 	defer close(s.done)
-	defer s.ann.close()
+	defer s.ann.Close()
 	// A beat of its own at the start, whatever the requests: the count
 	// of the fleet that a fallback shares the rate by is known before the
 	// first reservation, which may fail (a new instance joining a fleet
 	// while Redis is failing falls back to its share, not to the rate).
 	// Its reply says, too, how to subscribe to the fleet's channels.
 	s.beat()
-	s.ann.sync(true, time.Now())
+	s.ann.Sync(true, time.Now())
 	tick := time.NewTicker(s.cfg.heartbeat / 4)
 	defer tick.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
-		case p := <-s.ann.in:
+		case p := <-s.ann.In():
 			s.hear(p)
-		case <-s.ann.kick:
-			s.ann.sync(false, time.Now())
+		case <-s.ann.Kicked():
+			s.ann.Sync(false, time.Now())
 		case now := <-tick.C:
 			// Beat when no reservation has carried a beat for two
 			// heartbeat periods (see beatDue); probe four times a period
@@ -667,7 +668,7 @@ func (s *shared) background() {
 			// once Redis answers; each channel's node is checked once
 			// a heartbeat period.)
 			if s.fallback.Load() == nil {
-				s.ann.sync(s.ann.due(now, s.cfg.heartbeat), now)
+				s.ann.Sync(s.ann.Due(now, s.cfg.heartbeat), now)
 			}
 		}
 	}
@@ -706,7 +707,7 @@ func (s *shared) beat() {
 // count, and the scripts' channels.
 func (s *shared) beaten(r beatReply) {
 	s.live.Store(max(1, r.live))
-	s.ann.heard(r)
+	s.ann.Heard(r.sharded)
 	s.lastBeat.Store(time.Now().UnixNano())
 }
 

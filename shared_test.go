@@ -1278,7 +1278,7 @@ func TestSharedCluster(t *testing.T) {
 		}
 		owner, err := admin.MasterForKey(ctx, ch)
 		require.NoError(t, err)
-		require.Eventually(t, func() bool { return shardSubscribers(t, owner, ch) == 2 }, 3*time.Second, time.Millisecond,
+		require.Eventually(t, func() bool { return redistest.ShardSubscribers(t, owner, ch) == 2 }, 3*time.Second, time.Millisecond,
 			"both instances subscribe on the node of the key's slot")
 		require.NoError(t, admin.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 			plain, err := n.PubSubChannels(ctx, "egress:*").Result()

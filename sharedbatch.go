@@ -431,7 +431,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 		rep, l.report = l.report, nil
 	}
 	s.mu.Unlock()
-	s.ann.want(a.channel, now)
+	s.ann.Want(a.channel, now)
 	a.budgetArgv = budgetArgs(rep, now)
 	if rep != nil {
 		a.read = max(micros(now.Sub(rep.read)), 0)

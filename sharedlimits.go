@@ -239,7 +239,7 @@ func (l *SharedLimits) topID(key string) string {
 }
 
 // channel returns the channel of key's announcements: its top key's, in
-// the slot of the keys its decisions touch (see announcements).
+// the slot of the keys its decisions touch (see internal/announce).
 func (l *SharedLimits) channel(key string) string { return l.fleet.keyChannel(l.topID(key)) }
 
 // redisKeys returns the keys one decision for key touches: the key's hold,
@@ -531,7 +531,7 @@ func (l *SharedLimits) reserve(ctx context.Context, key string, cost Cost, b bud
 	}
 	channel := ln.channel
 	l.mu.Unlock()
-	l.fleet.ann.want(channel, now)
+	l.fleet.ann.Want(channel, now)
 	select {
 	case r := <-p.res:
 		return r

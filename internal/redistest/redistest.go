@@ -161,6 +161,17 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 	return c
 }
 
+// ShardSubscribers returns how many clients rdb's server has subscribed to
+// the shard channel channel (PUBSUB SHARDNUMSUB).
+func ShardSubscribers(t testing.TB, rdb *redis.Client, channel string) int64 {
+	t.Helper()
+	n, err := rdb.PubSubShardNumSub(context.Background(), channel).Result()
+	if err != nil {
+		t.Fatalf("PUBSUB SHARDNUMSUB %s: %v", channel, err)
+	}
+	return n[channel]
+}
+
 // startServer starts redis-server with the common arguments and extra, on a
 // port from pick, trying another port if the server fails to start, and
 // registers its stop with t.Cleanup.

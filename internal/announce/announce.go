@@ -1,4 +1,11 @@
-package egress
+// Package announce owns an instance's subscriptions to what its fleet
+// announces through Redis pub/sub: which channels it listens to, with
+// which command, on which node of a Cluster, and for how long. It knows
+// nothing of what the messages say (holds, moved turns, released slots:
+// its owner reads the payloads), nor of keys beyond their channels' names,
+// and it sends no command but its subscriptions' own; the scripts that
+// publish are the shared limiters' (internal/lua/publish.lua).
+package announce
 
 import (
 	"context"
@@ -9,9 +16,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// announcements is an instance's subscriptions to what its fleet
-// announces: a shared limiter's holds and moved turns, a shared in-flight
-// limit's released slots. Each key has its channel, which carries the
+// Subs is an instance's subscriptions to what its fleet announces: a
+// shared limiter's holds and moved turns, a shared in-flight limit's
+// released slots. Each key has its channel, which carries the
 // key's hash tag, and the script that changes the key publishes there
 // (internal/lua/publish.lua):
 //
@@ -19,20 +26,20 @@ import (
 //     carries the message within the shard that serves the key's slot,
 //     not to every node, and an instance subscribes (SSUBSCRIBE) to the
 //     channels of the keys it uses, each on its key's node, while it uses
-//     them: from a key's first reservation until it has gone unused for
-//     announceIdle;
+//     them: from a key's first use (Want) until it has gone unused for
+//     Idle;
 //   - before 7, PUBLISH, and an instance subscribes to all of the
 //     limiter's channels with one pattern (PSUBSCRIBE).
 //
-// Each heartbeat's reply says which (beatReply), and the subscriptions
+// Each heartbeat's reply says which (Heard), and the subscriptions
 // follow it. Until a heartbeat has answered there is none. What a
 // subscription misses (before it is made, while Redis is away) is a hint
 // lost, not a turn: the scripts hold every reservation to the key's hold
 // themselves, and hear the rate they keep.
 //
-// want and heard are safe for concurrent use; sync and close belong to
-// the owner's background goroutine, which reads in.
-type announcements struct {
+// Want and Heard are safe for concurrent use; Sync, Due and Close belong
+// to the owner's background goroutine, which reads In and Kicked.
+type Subs struct {
 	rdb     redis.UniversalClient
 	pattern string        // every key's channel of the limiter, for PSUBSCRIBE
 	timeout time.Duration // a Cluster's node lookup, which may ask the Cluster
@@ -66,29 +73,40 @@ const (
 	modeSharded int32 = 2 // SPUBLISH, SSUBSCRIBE
 )
 
-// announceIdle is how long a key's channel stays subscribed to after its
-// last use: the keys' own sweep interval (see keyed.SweepEvery).
-const announceIdle = time.Minute
+// Idle is how long a key's channel stays subscribed to after its last
+// use: the limiters' own sweep interval for their keys' state.
+const Idle = time.Minute
 
-func newAnnouncements(rdb redis.UniversalClient, pattern string, timeout time.Duration) *announcements {
-	return &announcements{
+// New returns the subscriptions of an instance whose scripts publish on
+// rdb: pattern matches every channel of its limiter (for PSUBSCRIBE), and
+// timeout bounds a Cluster's lookup of a channel's node.
+func New(rdb redis.UniversalClient, pattern string, timeout time.Duration) *Subs {
+	return &Subs{
 		rdb: rdb, pattern: pattern, timeout: timeout,
 		in: make(chan string, 64), kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		wanted: map[string]time.Time{}, subs: map[string]*nodeSub{}, on: map[string]string{},
 	}
 }
 
-// heard records what a heartbeat said of the scripts' channels.
-func (a *announcements) heard(r beatReply) {
+// In is the payloads heard, in the order each subscription heard them.
+func (a *Subs) In() <-chan string { return a.in }
+
+// Kicked is signalled when a channel is wanted for the first time: Sync
+// (not full) subscribes to it.
+func (a *Subs) Kicked() <-chan struct{} { return a.kick }
+
+// Heard records what a heartbeat said of the scripts' channels: shard
+// channels (SPUBLISH) when sharded.
+func (a *Subs) Heard(sharded bool) {
 	m := modePlain
-	if r.sharded {
+	if sharded {
 		m = modeSharded
 	}
 	a.mode.Store(m)
 }
 
-// want records that a request used the key of channel at now.
-func (a *announcements) want(channel string, now time.Time) {
+// Want records that a request used the key of channel at now.
+func (a *Subs) Want(channel string, now time.Time) {
 	a.mu.Lock()
 	_, had := a.wanted[channel]
 	a.wanted[channel] = now
@@ -104,12 +122,12 @@ func (a *announcements) want(channel string, now time.Time) {
 	}
 }
 
-// sync brings the subscriptions in line with the mode and the keys in use
+// Sync brings the subscriptions in line with the mode and the keys in use
 // at now: the channels wanted since the last sync, and, when full, every
 // channel wanted, each on its key's node as the Cluster's client now
 // knows it (after a failover or a slot's move), less those unused for
-// announceIdle. A subscription whose client was closed is made again.
-func (a *announcements) sync(full bool, now time.Time) {
+// Idle. A subscription whose client was closed is made again.
+func (a *Subs) Sync(full bool, now time.Time) {
 	m := a.mode.Load()
 	if m != a.subMode {
 		a.closeSubs()
@@ -140,15 +158,15 @@ func (a *announcements) sync(full bool, now time.Time) {
 	}
 }
 
-// due reports whether a full sync is due at now, every after the last.
-func (a *announcements) due(now time.Time, every time.Duration) bool {
+// Due reports whether a full Sync is due at now, every after the last.
+func (a *Subs) Due(now time.Time, every time.Duration) bool {
 	return now.Sub(a.checked) >= every
 }
 
 // take returns the channels to subscribe to (those wanted since the last
 // sync; every one wanted, when full) and, when full, those unused for
-// announceIdle, which it forgets.
-func (a *announcements) take(full bool, now time.Time) (fresh, idle []string) {
+// Idle, which it forgets.
+func (a *Subs) take(full bool, now time.Time) (fresh, idle []string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	fresh, a.fresh = a.fresh, nil
@@ -157,7 +175,7 @@ func (a *announcements) take(full bool, now time.Time) (fresh, idle []string) {
 	}
 	fresh = fresh[:0]
 	for ch, at := range a.wanted {
-		if now.Sub(at) > announceIdle {
+		if now.Sub(at) > Idle {
 			delete(a.wanted, ch)
 			idle = append(idle, ch)
 		} else {
@@ -170,7 +188,7 @@ func (a *announcements) take(full bool, now time.Time) (fresh, idle []string) {
 // subscribe subscribes to channel on its key's node, leaving the node it
 // was subscribed on if that has changed. A lookup that fails leaves it
 // for the next full sync.
-func (a *announcements) subscribe(channel string) {
+func (a *Subs) subscribe(channel string) {
 	c, addr, err := a.nodeOf(channel)
 	if err != nil {
 		return
@@ -194,7 +212,7 @@ func (a *announcements) subscribe(channel string) {
 
 // unsubscribe leaves channel; a node's subscription left with no channel
 // is closed.
-func (a *announcements) unsubscribe(channel string) {
+func (a *Subs) unsubscribe(channel string) {
 	addr, ok := a.on[channel]
 	if !ok {
 		return
@@ -211,7 +229,7 @@ func (a *announcements) unsubscribe(channel string) {
 // nodeOf returns the client to subscribe to channel with and its node's
 // address: a Cluster's node that serves the channel's slot, or the client
 // itself ("").
-func (a *announcements) nodeOf(channel string) (interface {
+func (a *Subs) nodeOf(channel string) (interface {
 	SSubscribe(context.Context, ...string) *redis.PubSub
 }, string, error) {
 	cc, ok := a.rdb.(*redis.ClusterClient)
@@ -229,7 +247,7 @@ func (a *announcements) nodeOf(channel string) (interface {
 
 // add records ps, the subscription on node addr with n channels, and
 // starts forwarding its messages.
-func (a *announcements) add(addr string, ps *redis.PubSub, n int) {
+func (a *Subs) add(addr string, ps *redis.PubSub, n int) {
 	s := &nodeSub{ps: ps, n: n}
 	a.subs[addr] = s
 	msgs := ps.Channel()
@@ -239,7 +257,7 @@ func (a *announcements) add(addr string, ps *redis.PubSub, n int) {
 
 // forward passes the payloads of msgs to in until close, or until msgs is
 // closed (its client was: the next sync subscribes again).
-func (a *announcements) forward(s *nodeSub, msgs <-chan *redis.Message) {
+func (a *Subs) forward(s *nodeSub, msgs <-chan *redis.Message) {
 	defer a.fwd.Done()
 	for {
 		select {
@@ -260,7 +278,7 @@ func (a *announcements) forward(s *nodeSub, msgs <-chan *redis.Message) {
 }
 
 // drop closes the subscription on node addr and forgets its channels.
-func (a *announcements) drop(addr string) {
+func (a *Subs) drop(addr string) {
 	if s := a.subs[addr]; s != nil {
 		_ = s.ps.Close()
 		delete(a.subs, addr)
@@ -273,14 +291,14 @@ func (a *announcements) drop(addr string) {
 }
 
 // closeSubs closes every subscription.
-func (a *announcements) closeSubs() {
+func (a *Subs) closeSubs() {
 	for addr := range a.subs {
 		a.drop(addr)
 	}
 }
 
-// close ends the subscriptions and waits for the forwarders.
-func (a *announcements) close() {
+// Close ends the subscriptions and waits for the forwarders.
+func (a *Subs) Close() {
 	close(a.stop)
 	a.closeSubs()
 	a.fwd.Wait()
