@@ -2,10 +2,12 @@ package announce
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/egress-go/egress/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -80,4 +82,77 @@ func TestPlain(t *testing.T) {
 	a.Sync(false, time.Now())
 	require.Eventually(t, func() bool { n, _ := admin.PubSubNumPat(ctx).Result(); return n == 0 }, time.Second, time.Millisecond)
 	require.Eventually(t, func() bool { return redistest.ShardSubscribers(t, admin, "egress:{n:k7}:pauses") == 1 }, time.Second, time.Millisecond)
+}
+
+// TestShardedFollowsAMovedSlot: on a Redis Cluster, a key's channel is
+// subscribed to on the node that serves its slot; when the slot moves to
+// another node, the next full Sync (once the client knows the move)
+// subscribes there and leaves the old node, and hears what is published.
+func TestShardedFollowsAMovedSlot(t *testing.T) {
+	c := redistest.StartCluster(t)
+	cc := c.Client(t)
+	ctx := context.Background()
+	a := New(cc, "egress:{n:*}:pauses", time.Second)
+	defer a.Close()
+	a.Heard(true)
+	const ch = "egress:{n:moved}:pauses" // its slot holds no key: it can move as it is
+	now := time.Now()
+	a.Want(ch, now)
+	a.Sync(true, now)
+	from, err := cc.MasterForKey(ctx, ch)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return redistest.ShardSubscribers(t, from, ch) == 1 }, time.Second, time.Millisecond)
+	assert.Equal(t, map[string]string{ch: from.Options().Addr}, a.on)
+
+	to := moveSlot(t, cc, ch, from)
+	require.Eventually(t, func() bool {
+		cc.ReloadState(ctx)
+		n, err := cc.MasterForKey(ctx, ch)
+		return err == nil && n.Options().Addr == to.Options().Addr
+	}, 5*time.Second, 10*time.Millisecond, "the client learns the move")
+	a.Sync(true, now)
+	require.Eventually(t, func() bool { return redistest.ShardSubscribers(t, to, ch) == 1 }, time.Second, time.Millisecond)
+	assert.Zero(t, redistest.ShardSubscribers(t, from, ch), "the old node left")
+	assert.Equal(t, map[string]string{ch: to.Options().Addr}, a.on)
+	require.NoError(t, cc.SPublish(ctx, ch, "moved").Err())
+	assert.Equal(t, "moved", heardOn(a))
+}
+
+// moveSlot gives the slot of key, served by from and holding no key, to
+// another master of cc, and returns that master.
+func moveSlot(t *testing.T, cc *redis.ClusterClient, key string, from *redis.Client) *redis.Client {
+	t.Helper()
+	ctx := context.Background()
+	slot, err := cc.ClusterKeySlot(ctx, key).Result()
+	require.NoError(t, err)
+	var masters []*redis.Client
+	var mu sync.Mutex
+	require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, n)
+		return nil
+	}))
+	var to *redis.Client
+	for _, n := range masters {
+		if n.Options().Addr != from.Options().Addr {
+			to = n
+			break
+		}
+	}
+	require.NotNil(t, to)
+	id, err := to.ClusterMyID(ctx).Result()
+	require.NoError(t, err)
+	// The new owner first, then the old, then the rest (CLUSTER SETSLOT's
+	// order for a resharding).
+	order := []*redis.Client{to, from}
+	for _, n := range masters {
+		if n != to && n.Options().Addr != from.Options().Addr {
+			order = append(order, n)
+		}
+	}
+	for _, n := range order {
+		require.NoError(t, n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", id).Err(), "%s", n.Options().Addr)
+	}
+	return to
 }
