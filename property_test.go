@@ -9,10 +9,12 @@ package egress
 // to run another seed.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -724,4 +726,47 @@ func TestLeakyBucketProperties(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTokenBucketKnowsItsTokens: the tokens a bucket works out after a
+// grant at once (tokensAt, from what it knows) are x/time/rate's own, to
+// the bit, over the property schedules with holds and decreases learnt
+// between the grants.
+func TestTokenBucketKnowsItsTokens(t *testing.T) {
+	t.Parallel()
+	seed := propertySeed(t)
+	ctx := context.Background()
+	checked := 0
+	for i := range propertyRuns(propertySchedules) {
+		rng := propRand(seed, i)
+		s := propRandomTokenSchedule(rng)
+		margin := time.Duration(rng.IntN(3)) * time.Millisecond
+		tb, fc := newTokenBucketOnFake(t, s.rate, s.burst, WithTransitMargin(margin))
+		for j, a := range s.arrivals {
+			fc.Advance(a.gap)
+			now := fc.Now()
+			_, _ = delayOf(tb.reserve(a.key, a.cost, a.budget(now)))
+			switch rng.IntN(10) {
+			case 0: // a throttle: discovery lowers the rate
+				tb.Learn(ctx, a.key, Signal{Now: now, SentAt: now, Status: http.StatusTooManyRequests})
+			case 1: // a hold, after which the bucket resumes with one token
+				tb.Learn(ctx, a.key, Signal{Now: now, SentAt: now, Status: http.StatusTooManyRequests,
+					RetryAfter: time.Duration(1+rng.IntN(100)) * time.Millisecond, HasRetryAfter: true})
+			}
+			bk := tb.buckets.M[a.key]
+			if bk == nil || !bk.known.ok {
+				continue
+			}
+			checked++
+			for _, d := range []time.Duration{0, a.gap, time.Duration(rng.Int64N(int64(2 * time.Second)))} {
+				at := now.Add(d)
+				if got, want := bk.tokensAt(at, tb.burst), bk.rl.TokensAt(at); got != want {
+					t.Fatalf("seed %#x schedule %d arrival %d (rate %v, burst %d, margin %v): at +%v the bucket works out %v tokens, x/time/rate holds %v",
+						seed, i, j, s.rate, s.burst, margin, d, got, want)
+				}
+			}
+		}
+	}
+	require.Positive(t, checked, "no grant at once left the bucket knowing its tokens: the test checked nothing")
+	t.Logf("%d states checked", checked)
 }

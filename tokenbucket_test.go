@@ -538,36 +538,36 @@ func sinceEpoch(ts []time.Time) []time.Duration {
 // the new rate, and the next turns follow it.
 func TestTokenBucketRaiseKeepsTheQueue(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	b := &tokenBucket{lim: rate.NewLimiter(10, 1)}
+	b := &tokenBucket{rl: rate.NewLimiter(10, 1)}
 	var last time.Duration
 	for i := 0; i < 5; i++ {
-		last = b.lim.ReserveN(t0, 1).DelayFrom(t0)
+		last = b.limiter().ReserveN(t0, 1).DelayFrom(t0)
 	}
 	require.Equal(t, 400*time.Millisecond, last)
 	for _, step := range []rate.Limit{12, 15, 20} { // a climb, step by step
 		b.setRate(t0, step)
 	}
-	next := b.lim.ReserveN(t0, 1).DelayFrom(t0)
+	next := b.limiter().ReserveN(t0, 1).DelayFrom(t0)
 	assert.InDelta(t, float64(450*time.Millisecond), float64(next), float64(5*time.Millisecond),
 		"the next turn: after the last one reserved, a unit at 20/s later")
 
 	// A jump (a limit restored) does not: a queue given at 1/s would hold
 	// the key at 1/s for 4 s. The queue moves in, to the new rate, and the
 	// next turn follows it.
-	b = &tokenBucket{lim: rate.NewLimiter(1, 1)}
+	b = &tokenBucket{rl: rate.NewLimiter(1, 1)}
 	for i := 0; i < 5; i++ {
-		b.wait(&turn{due: t0.Add(b.lim.ReserveN(t0, 1).DelayFrom(t0))})
+		b.wait(&turn{due: t0.Add(b.limiter().ReserveN(t0, 1).DelayFrom(t0))})
 	}
 	b.setRate(t0, 100)
 	for i, w := range b.waiting {
 		assert.Equal(t, time.Duration(i)*10*time.Millisecond, w.due.Sub(t0), "turn %d, brought in", i)
 	}
-	assert.Equal(t, 50*time.Millisecond, b.lim.ReserveN(t0, 1).DelayFrom(t0), "4 owed and a unit, at 100/s")
+	assert.Equal(t, 50*time.Millisecond, b.limiter().ReserveN(t0, 1).DelayFrom(t0), "4 owed and a unit, at 100/s")
 
 	// A decrease needs nothing of setRate (lowerings spread the turns).
-	b = &tokenBucket{lim: rate.NewLimiter(10, 1)}
-	b.lim.ReserveN(t0, 1)
-	b.lim.ReserveN(t0, 1)
+	b = &tokenBucket{rl: rate.NewLimiter(10, 1)}
+	b.limiter().ReserveN(t0, 1)
+	b.limiter().ReserveN(t0, 1)
 	b.setRate(t0, 5)
-	assert.Equal(t, 400*time.Millisecond, b.lim.ReserveN(t0, 1).DelayFrom(t0), "one owed, repaid at 5/s, then a unit")
+	assert.Equal(t, 400*time.Millisecond, b.limiter().ReserveN(t0, 1).DelayFrom(t0), "one owed, repaid at 5/s, then a unit")
 }
