@@ -1004,3 +1004,15 @@ func TestRetryErrorStatesTheWaitAskedFor(t *testing.T) {
 	assert.Contains(t, err.Error(), "asked to wait 5m0s")
 	assert.Equal(t, 1, srv.count())
 }
+
+// TestRetryBudgetBefore1970: a second before the epoch has its slot too
+// (a caller's clock may say so): counted, not out of range.
+func TestRetryBudgetBefore1970(t *testing.T) {
+	for _, sec := range []int64{-1, -16, -17, -3_000_000_001} {
+		b := &retryBudget{ratio: 1}
+		at := time.Unix(sec, 0)
+		b.deposit(at)
+		assert.True(t, b.withdraw(at, false), "second %d: one first attempt, one retry", sec)
+		assert.False(t, b.withdraw(at, false), "second %d: no second retry", sec)
+	}
+}
