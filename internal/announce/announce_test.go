@@ -26,16 +26,22 @@ func heardOn(a *Subs) string {
 	}
 }
 
+// newSubs returns the subscriptions of a limiter named n on a server of
+// its own, closed by t's cleanup, and another client of that server.
+func newSubs(t *testing.T) (*Subs, *redis.Client) {
+	srv := redistest.Start(t)
+	a := New(srv.Client(t), "egress:{n:*}:pauses", time.Second)
+	t.Cleanup(a.Close)
+	return a, srv.Client(t)
+}
+
 // TestSharded: on Redis 7, a key's channel is subscribed to (SSUBSCRIBE)
 // from the first Sync after its key is used, hears what is published there
 // (SPUBLISH) and nothing of the limiter's other keys, and is left once
 // unused for Idle, on the times Sync is given.
 func TestSharded(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb, admin := srv.Client(t), srv.Client(t)
+	a, admin := newSubs(t)
 	ctx := context.Background()
-	a := New(rdb, "egress:{n:*}:pauses", time.Second)
-	defer a.Close()
 	a.Heard(true)
 	t0 := time.Now()
 	a.Want("egress:{n:k1}:pauses", t0)
@@ -63,11 +69,8 @@ func TestSharded(t *testing.T) {
 // 7), one pattern subscription hears every key's channel of
 // the limiter, and no other limiter's.
 func TestPlain(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb, admin := srv.Client(t), srv.Client(t)
+	a, admin := newSubs(t)
 	ctx := context.Background()
-	a := New(rdb, "egress:{n:*}:pauses", time.Second)
-	defer a.Close()
 	a.Sync(true, time.Now())
 	assert.Empty(t, a.subs, "no subscription before a heartbeat answered")
 	a.Heard(false)
