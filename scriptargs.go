@@ -47,6 +47,7 @@ type controlArgv struct {
 	probes     int     `argv:"30"`
 	sign       int     `argv:"31"` // 1: a sign of a storm
 	long       int     `argv:"32"` // 1: a long hold (longHold)
+	waited     int64   `argv:"33"` // us the request waited for its turn (Signal.waited)
 }
 
 // reserveArgv is reserve.lua's fixed ARGV; a group a request follows it
@@ -59,11 +60,12 @@ type reserveArgv struct {
 	c          float64 `argv:"5"`
 	floor      float64 `argv:"6"`
 	budgetArgv
-	probeHold int64  `argv:"15"` // us
-	channel   string `argv:"16"`
-	id        string `argv:"17"`
-	read      int64  `argv:"18"` // us since the report was read; -1 for none
-	horizon   int64  `argv:"19"` // us: the fleet's priority order's (fleetHorizon); 0 when no request is ordered
+	probeHold int64   `argv:"15"` // us
+	channel   string  `argv:"16"`
+	id        string  `argv:"17"`
+	read      int64   `argv:"18"` // us since the report was read; -1 for none
+	horizon   int64   `argv:"19"` // us: the fleet's priority order's (fleetHorizon); 0 when no request is ordered
+	most      float64 `argv:"20"` // the most the bucket holds as of the call (usableAt); 0 for a pacer
 }
 
 // budgetArgv is a budget report, as reserve.lua reads it (ARGV[7] to
@@ -84,17 +86,17 @@ type budgetArgv struct {
 // order and tenants' shares (see fleetTurn).
 type reserveRequest struct {
 	reservePair
-	level  int     `argv:"22"` // -1 for none
-	share  float64 `argv:"23"` // 0: no order, no shares
-	tenant string  `argv:"24"`
-	weight float64 `argv:"25"`
+	level  int     `argv:"23"` // -1 for none
+	share  float64 `argv:"24"` // 0: no order, no shares
+	tenant string  `argv:"25"`
+	weight float64 `argv:"26"`
 }
 
 // reservePair is a request's group of reserve.lua's ARGV when no request
 // of the call is ordered (horizon 0): its cost and max wait.
 type reservePair struct {
-	cost    int   `argv:"20"`
-	maxWait int64 `argv:"21"`
+	cost    int   `argv:"21"`
+	maxWait int64 `argv:"22"`
 }
 
 // heartbeatArgv is heartbeat.lua's ARGV: an instance of the fleet says it

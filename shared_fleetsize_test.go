@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -148,6 +149,65 @@ func TestSharedStartMargin(t *testing.T) {
 		l.live.Store(st.live)
 		assert.InDelta(t, st.want, l.usableAt("id", t0.Add(st.at)), 1e-9, "step %d: %+v", i, st)
 	}
+}
+
+// TestSharedStartMarginIsNoRefill: the units a process's start margin
+// keeps back come back to the fleet's bucket as it refills, never as
+// turns among those already given. 256 instances at 200/s with a burst
+// of 20 (19 usable, 13 in the start window) queue their turns 1.2 s
+// ahead through the first second; the calls after it are given turns a
+// unit apart after the last, as the calls before it were. (Given the
+// whole usable burst as soon as the window ended, the first call after
+// it went six units before the last turn given, and the next five among
+// those turns: six turns in 30 ms, 1.2 s later, when the provider's
+// bucket, behind the fleet's by the first requests' late arrival, had not
+// those units: one refusal or more at 2.24 to 2.28 s in most runs of
+// bench/fleet's TestFleetProcesses 16x16x1, and a decrease to 140/s.)
+// Once the bucket has refilled, the whole usable burst goes at once.
+func TestSharedStartMarginIsNoRefill(t *testing.T) {
+	srv := redistest.Start(t)
+	start := time.Now().Truncate(time.Microsecond) // the script's keys expire on Redis's own clock
+	fc := clock.NewFake(start)
+	l := newSharedTB(t, srv.Client(t), "start-refill", PerSecond(200), 20, WithCommandTimeout(roomyTimeout), onClock(fc))
+	l.coalesce = false // one call a request, at the fake clock's now
+	id := keyID("k")
+	l.mu.Lock()
+	l.lanes.Put(id, &batchLane{born: start})
+	l.mu.Unlock()
+	turn := func() time.Time {
+		t.Helper()
+		l.live.Store(256) // (a heartbeat riding on a call counts this instance alone)
+		res, _, err := l.runReserve(id, []*pending{{cost: 1}})
+		require.NoError(t, err)
+		require.Zero(t, res[0].code)
+		return fc.Now().Add(res[0].wait)
+	}
+	const unit = 5 * time.Millisecond
+	for i := range 13 {
+		require.Equal(t, start, turn(), "request %d: within the start window's burst", i)
+	}
+	last := turn()
+	require.Equal(t, start.Add(unit), last, "the 14th: a unit on")
+	for range 255 - 13 {
+		at := turn()
+		require.Equal(t, last.Add(unit), at, "a unit after the last turn given")
+		last = at
+	}
+	// The turns come and the instances ask again, one a unit, past the
+	// end of the start window.
+	for fc.Now().Before(start.Add(startWindow + 300*time.Millisecond)) {
+		fc.Advance(unit)
+		at := turn()
+		require.Equal(t, last.Add(unit), at, "at %v: a unit after the last turn given, %v", fc.Now().Sub(start), last.Sub(start))
+		last = at
+	}
+	// The queue goes out and the bucket refills: the whole usable burst
+	// (19 units) then goes at once, and the next waits a unit.
+	fc.Advance(last.Add(20 * unit).Sub(fc.Now()))
+	for i := range 19 {
+		require.Equal(t, fc.Now(), turn(), "request %d of the refilled bucket: at once", i)
+	}
+	assert.Equal(t, fc.Now().Add(unit), turn(), "the 20th: a unit on")
 }
 
 // cmdCounter counts the commands and pipelines a client sends.

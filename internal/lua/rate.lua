@@ -126,7 +126,14 @@ local function grant(key, at, cost)
 end
 
 -- tallied returns the units of key's ring in slots first to last (slot
--- numbers, last >= first), and of those the units up to slot split.
+-- numbers, last >= first), and of those the units up to slot split; nil
+-- when the ring no longer holds them all. The ring's slots hold the
+-- turns to come as well as those past: a turn given further ahead than
+-- the ring reaches back takes the field of a slot it held, which is then
+-- not known, not empty. (Counted as empty, at 256 instances whose turns
+-- went 1.8 s ahead, the turns since a drain's mark 1.7 s back were 150
+-- of 340, and the climb back levelled off at 80/s for a provider that
+-- refilled 200/s: see drain.)
 local function tallied(key, first, last, split)
   local fields = {}
   for slot = first, last do fields[#fields + 1] = field.g .. (slot % ringSize) end
@@ -135,7 +142,9 @@ local function tallied(key, first, last, split)
     if v then
       local s, u = string.match(v, '^(%d+):([%d.]+)$')
       local slot = first + i - 1
-      if tonumber(s) == slot then
+      s = tonumber(s)
+      if s and s > slot then return nil end
+      if s == slot then
         n = n + tonumber(u)
         if slot <= split then m = m + tonumber(u) end
       end
@@ -146,7 +155,8 @@ end
 
 -- granted returns the units granted a turn at or after from (us), up to
 -- upto (us), and of those the units up to mid (us; upto when nil), or nil
--- when the ring does not cover from.
+-- when the ring does not cover from (or no longer holds a slot since:
+-- see tallied).
 local function granted(key, from, upto, now, hist, mid)
   local first, last = math.floor(from / ringSlot), math.floor(math.max(now, upto) / ringSlot)
   if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then
@@ -158,7 +168,7 @@ local function granted(key, from, upto, now, hist, mid)
 end
 
 -- between returns the units granted a turn after from and up to to (us),
--- or nil when the ring does not cover from.
+-- or nil when the ring does not cover from (see granted).
 local function between(key, from, to, hist)
   local first, last = math.floor(from / ringSlot) + 1, math.floor(to / ringSlot)
   if not hist or from + 2 * ringSlot < hist or last - first >= ringSize then return nil end

@@ -31,14 +31,21 @@
 -- ARGV[13], ARGV[14]  its limit (-1 when it states none), and the
 --          resolution its reset was read to (us; see resolution)
 -- ARGV[15] how long a spent budget holds a key of unknown shape (us)
--- ARGV[16], ARGV[17]  the key's channel (publish.lua) on which holds and lowerings are told,
---          and the key's id (a spent budget's hold is not told, see below;
+-- ARGV[16], ARGV[17]  the key's channel (publish.lua), on which holds
+--          and lowerings are told, and the key's id (a spent budget's
+--          hold is not told, see below;
 --          a change that moves the turns given is, see retime in rate.lua)
 -- ARGV[18] how long ago the report's response was read (us; -1 for none)
 -- ARGV[19] the horizon of the fleet's priority order (us; see order, in
 --          internal/fair/order.lua); 0 when no request of the call is
 --          ordered, and each request's group is then its first two values
--- ARGV[20], ARGV[21], ARGV[22], ARGV[23], ARGV[24], ARGV[25], ...  one
+-- ARGV[20] the most the bucket holds as of this call, in cost units:
+--          ARGV[2], less a process's start margin in its first second (see
+--          startMargin in sharedbatch.go). The units it keeps back are not
+--          a smaller burst but room the bucket does not have: they come
+--          back as it refills, never as turns among those already given
+--          (below)
+-- ARGV[21], ARGV[22], ARGV[23], ARGV[24], ARGV[25], ARGV[26], ...  one
 --          group a request, served in order: its cost, its max wait in us
 --          (-1 for none), its priority level (0 low, 1 normal, 2 high; -1
 --          for none), the share of a level held back (0: no order, no
@@ -60,6 +67,13 @@
 local rate = effective(KEYS[3], now, tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 local interval = 1000000 / rate
 local burst = tonumber(ARGV[2])
+-- The units a start margin keeps back: the bucket holds at most burst
+-- less them as of a request's earliest turn. (Taken as a smaller burst,
+-- they came back at the end of a process's first second as six turns
+-- among those given before, 1.2 s ahead, at 256 instances: a burst the
+-- provider, behind the fleet by its first requests' late arrival, had
+-- not the units for.)
+local kept = math.max(burst - tonumber(ARGV[20]), 0)
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 -- The probes after a hold that a throttle without counts set (storm in
@@ -121,7 +135,7 @@ local horizon = tonumber(ARGV[19])
 local group, fair = 2, nil
 if horizon > 0 then group, fair = 6, fairState(KEYS[3], KEYS[5]) end
 local out = {0, string.format('%.17g', rate), tonumber(redis.call('HGET', KEYS[3], field.rts) or '0') or 0}
-for i = 20, #ARGV - group, group do
+for i = 21, #ARGV - group, group do
   local cost = tonumber(ARGV[i])
   local maxwait = tonumber(ARGV[i + 1])
   local level, share, tenant, weight = -1, 0, '', 1
@@ -136,7 +150,7 @@ for i = 20, #ARGV - group, group do
   -- (twice at most: a spent budget holds the key, and the turn moves to
   -- the hold's end, where the budget has expired or is forgotten)
   for _ = 1, 2 do
-    newtat, at = turn(tat, start, cost, b, interval)
+    newtat, at = turn(math.max(tat, start + kept * interval), start, cost, b, interval)
     wait = math.ceil(at - now)
     code = 0
     -- A turn at the start goes at once; a later one waits in the queue.
