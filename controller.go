@@ -411,9 +411,8 @@ func (st *ctlState) exhausted(cfg *learnConfig, s *Signal, q Quota, hasQ bool, o
 }
 
 // collides reports whether the refusal s, to a key at rate, is a start-up
-// collision of a fleet: a refusal to a request whose turn was given in
-// the key's first second (from its first grant) at the configured rate,
-// sent then or later from the queue the start built, that asks a wait
+// collision of a fleet: a refusal to a request sent in the key's first
+// second (from its first grant) at the configured rate, that asks a wait
 // of a second at most, while the refusals of the last second (this one
 // too) are few: no more than the burst (two for a pacer), or a tenth of the
 // units granted in that second. A fleet's instances open their connections
@@ -424,13 +423,7 @@ func (st *ctlState) exhausted(cfg *learnConfig, s *Signal, q Quota, hasQ bool, o
 // rate (holdUntil) rather than for the Retry-After; the refused request
 // still waits its own Retry-After. More refusals, or one after the first
 // second, are heard as any other: a limit configured at twice the
-// provider's is refused half its turns once its burst is gone. (By its
-// turn, not its send: 256 instances queue their turns 1.3 s ahead in the
-// first second, and the provider, behind the fleet by the first requests'
-// late arrival, refused one sent at 1.1 to 1.4 s, whose turn was given in
-// the first 0.2 s; heard as a throttle, it lowered the fleet to 140/s for
-// the run's next 3 s, in most runs of bench/fleet's 16 processes of 16.
-// Held for
+// provider's is refused half its turns once its burst is gone. (Held for
 // the second and lowered by beta, a fleet of 64 lost an eighth of a
 // ten-second run to one collision at start; 256 instances draw one to
 // fourteen such refusals in the first half second, and read as a window's,
@@ -441,10 +434,10 @@ func (st *ctlState) exhausted(cfg *learnConfig, s *Signal, q Quota, hasQ bool, o
 // sendPace (fewer than the units granted when more went in the second: a
 // stricter test).
 func (st *ctlState) collides(cfg *learnConfig, s *Signal, ev evidence, rate float64) bool {
-	first, given := st.sent.first, s.SentAt.Add(-s.waited)
+	first := st.sent.first
 	if ev != evExhausted || !s.throttled() || s.SentAt.IsZero() || rate < cfg.configured ||
 		s.HasRetryAfter && s.RetryAfter > collisionSpan ||
-		first == 0 || given.UnixNano() >= first+int64(collisionSpan) {
+		first == 0 || s.SentAt.UnixNano() >= first+int64(collisionSpan) {
 		return false
 	}
 	_, ref := st.meter.lastSecond(s.Now)

@@ -144,10 +144,9 @@ type sig struct {
 	window    time.Duration
 	scope     Scope
 	kind      ResetKind
-	inFlight  int           // the other requests of the key in flight when it was read
-	quota     float64       // the quota's limit, stated without a window; 0 for none
-	granted   int           // the requests the limiter granted at sent, this one among them (0: as if it had, see storm)
-	waited    time.Duration // how long the request waited for its turn before sent
+	inFlight  int     // the other requests of the key in flight when it was read
+	quota     float64 // the quota's limit, stated without a window; 0 for none
+	granted   int     // the requests the limiter granted at sent, this one among them (0: as if it had, see storm)
 }
 
 // grant has the limiter of st grant the step's requests at sent, or, when
@@ -162,7 +161,7 @@ func (s sig) grant(st *ctlState, cfg *learnConfig, sent time.Time) {
 }
 
 func (s sig) signal() *Signal {
-	out := &Signal{Now: ctlEpoch.Add(s.at), SentAt: ctlEpoch.Add(s.sent), Status: s.status, Scope: s.scope, InFlight: s.inFlight, waited: s.waited}
+	out := &Signal{Now: ctlEpoch.Add(s.at), SentAt: ctlEpoch.Add(s.sent), Status: s.status, Scope: s.scope, InFlight: s.inFlight}
 	if s.ra >= 0 {
 		out.RetryAfter, out.HasRetryAfter = s.ra, true
 	}
@@ -198,12 +197,6 @@ func throttle(at, sent, ra time.Duration) sig {
 
 func withQuota(s sig, remaining float64, reset time.Duration) sig {
 	s.remaining, s.reset = remaining, reset
-	return s
-}
-
-// waiting is s, whose request waited d for its turn before it was sent.
-func waiting(s sig, d time.Duration) sig {
-	s.waited = d
 	return s
 }
 
@@ -260,20 +253,6 @@ func ctlTables() []ctlTable {
 				{hold: 60 * ms, notBefore: 1050 * ms},
 				{hold: 70 * ms, notBefore: 1055 * ms},
 				{hold: 2250 * ms, notBefore: 2250 * ms, rate: 70, why: "throttled"},
-			},
-		},
-		{
-			name:  "a start-up collision by its turn: a refusal sent after the first second, from the queue the start built, whose turn was given in it, lowers nothing; one whose turn was given after it is heard as any",
-			fleet: true,
-			steps: []sig{
-				granting(withQuota(throttle(50*ms, 0, s), 0, s), 3),
-				waiting(withQuota(throttle(1300*ms, 1250*ms, s), 0, s), 1200*ms), // its turn given at 50 ms
-				waiting(withQuota(throttle(1400*ms, 1350*ms, s), 0, s), 300*ms),  // at 1050 ms
-			},
-			wants: []want{
-				{hold: 60 * ms, notBefore: 1050 * ms},
-				{hold: 1310 * ms, notBefore: 2300 * ms},
-				{hold: 2400 * ms, notBefore: 2400 * ms, rate: 70, why: "throttled"},
 			},
 		},
 		{

@@ -47,7 +47,6 @@ type controlArgv struct {
 	probes     int     `argv:"30"`
 	sign       int     `argv:"31"` // 1: a sign of a storm
 	long       int     `argv:"32"` // 1: a long hold (longHold)
-	waited     int64   `argv:"33"` // us the request waited for its turn (Signal.waited)
 }
 
 // reserveArgv is reserve.lua's fixed ARGV; a group a request follows it

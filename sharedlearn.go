@@ -359,7 +359,7 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0),
 		estimate: est, usable: s.usable, probeHold: micros(probeHold), channel: s.keyChannel(id), id: id,
 		kind: int(q.Kind), other: b2i(ev == evOther), bare: b2i(!hasQ), stormTTL: micros(stormTTL),
-		budget: b2i(rep != nil), sign: b2i(sign), waited: max(micros(sig.waited), 0),
+		budget: b2i(rep != nil), sign: b2i(sign),
 	}
 	if !sig.SentAt.IsZero() {
 		a.ago = max(micros(sig.Now.Sub(sig.SentAt)), 0)

@@ -71,10 +71,6 @@ type Signal struct {
 	// asked is RetryAfter before the Transport's pause cap (WithMaxPause):
 	// the real wait, for a request given up because it asked for longer.
 	asked time.Duration
-	// waited is how long the request waited for its turn before it was
-	// sent (its limiter's wait, and a hold's): its turn was given at
-	// SentAt less waited (see collides).
-	waited time.Duration
 }
 
 // Quota is one limit a provider reported in a response.

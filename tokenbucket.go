@@ -62,8 +62,8 @@ type TokenBucket struct {
 type tokenBucket struct {
 	key     string
 	mu      sync.Mutex
-	last    time.Time // guarded by mu; the latest time given to lim
-	seen    time.Time // guarded by mu; the latest clock reading a grant was given (see fresh)
+	last    time.Time     // guarded by mu; the latest time given to lim
+	seen    time.Time     // guarded by mu; the latest clock reading a grant was given (see fresh)
 	rl      *rate.Limiter // read it here; change it through limiter
 	limit   rate.Limit    // guarded by mu; rl's limit, kept here so that a grant need not take rl's lock to read it (see startAt)
 	known   knownTokens   // guarded by mu; what rl holds after the last grant that went at once (see tokensAt)

@@ -444,7 +444,7 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, a 
 	} else {
 		t.signals.readInto(sig, resp, req.URL.Host, a.sentAt, t.clock.Now(), maxWait)
 	}
-	sig.InFlight, sig.waited = inFlight, a.waited
+	sig.InFlight = inFlight
 	t.checkNear(key, sig)
 	sig.asked = sig.RetryAfter
 	if sig.RetryAfter > t.maxPause {

@@ -55,8 +55,6 @@
 --          holds for ARGV[23] us, fleet-wide; else 0
 -- ARGV[32] 1 when the hold is long (longHold in controller.go): all its
 --          probes follow it, sign or not; else 0
--- ARGV[33] how long the request waited for its turn before it was sent,
---          in us: its turn was given at the send less that
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
 -- (0 when the response holds nothing), shape, 1 while a storm is believed
@@ -118,8 +116,7 @@ if ARGV[31] == '1' then
 end
 
 -- A start-up collision (collides in controller.go, its twin): a refusal
--- to a request whose turn was given in the key's first second (hist, its
--- first grant; sent then, or later from the queue the start built) at
+-- to a request sent in the key's first second (hist, its first grant) at
 -- the configured rate, that asks a wait of a second at most, while the
 -- fleet's refusals in the last second are few: no more than the burst (two
 -- for a pacer), or a tenth of the units granted. It lowers nothing and
@@ -129,7 +126,7 @@ end
 local collision = false
 if exhausted and throttled and sent >= 0 and old >= configured and ra <= tune.collisionSpan then
   local hist = tonumber(redis.call('HGET', KEYS[1], field.hist) or '')
-  if hist and sent - tonumber(ARGV[33]) < hist + tune.collisionSpan then
+  if hist and sent < hist + tune.collisionSpan then
     local r = refusedLastSecond(KEYS[1], now) + 1 -- (this one is counted below)
     collision = r <= math.max(tune.collisionMin, burst) or r <= tune.collisionShare * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
   end
