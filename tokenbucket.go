@@ -62,7 +62,7 @@ type TokenBucket struct {
 type tokenBucket struct {
 	key     string
 	mu      sync.Mutex
-	last    time.Time     // guarded by mu; the latest time given to lim
+	last    time.Time     // guarded by mu; the latest time given to rl
 	seen    time.Time     // guarded by mu; the latest clock reading a grant was given (see fresh)
 	rl      *rate.Limiter // read it here; change it through limiter
 	limit   rate.Limit    // guarded by mu; rl's limit, kept here so that a grant need not take rl's lock to read it (see startAt)
@@ -380,6 +380,7 @@ func (tb *TokenBucket) cancel(g grant) {
 	g.bk.mu.Lock()
 	defer g.bk.mu.Unlock()
 	g.bk.done(g.t)
+	g.bk.limiter() // (the reservation changes the limiter: what the bucket knew of it goes)
 	g.r.CancelAt(g.bk.inOrder(tb.clock.Now()))
 }
 
