@@ -162,12 +162,15 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 }
 
 // ShardSubscribers returns how many clients rdb's server has subscribed to
-// the shard channel channel (PUBSUB SHARDNUMSUB).
+// the shard channel channel (PUBSUB SHARDNUMSUB), or -1 after reporting an
+// error with t.Errorf: it is safe in a condition that require.Eventually
+// runs on a goroutine of its own, where t.Fatalf is not.
 func ShardSubscribers(t testing.TB, rdb *redis.Client, channel string) int64 {
 	t.Helper()
 	n, err := rdb.PubSubShardNumSub(context.Background(), channel).Result()
 	if err != nil {
-		t.Fatalf("PUBSUB SHARDNUMSUB %s: %v", channel, err)
+		t.Errorf("PUBSUB SHARDNUMSUB %s: %v", channel, err)
+		return -1
 	}
 	return n[channel]
 }
