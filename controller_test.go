@@ -1200,6 +1200,16 @@ func TestControllerBudgetSteps(t *testing.T) {
 			wants: []want{{}, {granted: true}, {hold: 2*ms + probeHold}, {granted: true, hold: 2*ms + probeHold}, {hold: 3*ms + 2*probeHold}},
 		},
 		{
+			name: "a higher count read after a lower one, of a request sent before it, is that count late: it gives nothing back",
+			steps: []budgetStep{
+				unknown(0, 0, 1, 0, time.Second),
+				unknown(2*ms, ms, 0, 0, time.Second), // none left: held for the probe
+				unknown(3*ms, 0, 2, 0, time.Second),  // sent before the one before, counted before it, read after it
+				grant(2*ms + probeHold), grant(3*ms + probeHold),
+			},
+			wants: []want{{}, {hold: 2*ms + probeHold}, {hold: 2*ms + probeHold}, {granted: true, hold: 2*ms + probeHold}, {hold: 3*ms + 2*probeHold}},
+		},
+		{
 			name: "a bucket has no budget: a low remaining that refills holds nothing",
 			steps: []budgetStep{
 				bucket(0, 0, 1, 3, time.Second),

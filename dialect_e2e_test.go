@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,6 +175,27 @@ type e2eCounter struct {
 
 	mu           sync.Mutex
 	blind, after []time.Duration // when each refusal came back, since start
+	timeline     []string        // every answer and every hold, in order: logged when the case fails
+}
+
+// note adds a line to the timeline, at now since start.
+func (c *e2eCounter) note(now time.Duration, format string, args ...any) {
+	c.mu.Lock()
+	c.timeline = append(c.timeline, now.Round(100*time.Microsecond).String()+" "+fmt.Sprintf(format, args...))
+	c.mu.Unlock()
+}
+
+// observer notes in the timeline the holds and rate changes of an
+// instance's Transport.
+func (c *e2eCounter) observer(instance int) Observer {
+	return Observer{
+		OnCooldown: func(_ string, until time.Time, _ error) {
+			c.note(time.Since(c.start), "instance %d held until %v", instance, until.Sub(c.start).Round(100*time.Microsecond))
+		},
+		OnRateChange: func(_ string, old, new Rate, why string) {
+			c.note(time.Since(c.start), "instance %d rate %v -> %v (%s)", instance, old, new, why)
+		},
+	}
 }
 
 type e2eBase struct {
@@ -187,6 +210,7 @@ func (b e2eBase) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	now := time.Since(b.c.start)
+	b.c.note(now, "sent %v: %d, remaining %s", sent.Round(100*time.Microsecond), resp.StatusCode, e2eRemaining(resp.Header))
 	b.c.first.CompareAndSwap(0, int64(now))
 	if resp.StatusCode != http.StatusOK {
 		b.c.mu.Lock()
@@ -198,6 +222,18 @@ func (b e2eBase) RoundTrip(req *http.Request) (*http.Response, error) {
 		b.c.mu.Unlock()
 	}
 	return resp, err
+}
+
+// e2eRemaining returns the remaining counts h reports, by header.
+func e2eRemaining(h http.Header) string {
+	var rs []string
+	for k, v := range h {
+		if strings.Contains(strings.ToLower(k), "remaining") {
+			rs = append(rs, k+"="+strings.Join(v, ","))
+		}
+	}
+	sort.Strings(rs)
+	return strings.Join(rs, " ")
 }
 
 // e2eRun sends from workers goroutines in each of instances Transports,
@@ -236,10 +272,11 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 	start := time.Now()
 	counter := &e2eCounter{start: start}
 	var clients []*http.Client
-	for range instances {
+	for i := range instances {
 		base := &http.Transport{MaxIdleConnsPerHost: workers}
 		t.Cleanup(base.CloseIdleConnections)
-		tr := mustNewTransport(t, e2eBase{c: counter, base: base}, WithLimiter(newLimiter(t, PerSecond(10*tc.perSec), 10)))
+		tr := mustNewTransport(t, e2eBase{c: counter, base: base}, WithLimiter(newLimiter(t, PerSecond(10*tc.perSec), 10)),
+			WithObserver(counter.observer(i)))
 		clients = append(clients, &http.Client{Transport: tr})
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(d))
@@ -270,6 +307,7 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 	}
 	counter.mu.Lock()
 	defer counter.mu.Unlock()
+	defer e2eTimeline(t, counter)
 	t.Logf("%v, %d×%d workers, %v latency: accepted per second %v; refused blind %d, after the first answer %d at %v",
 		tc, instances, workers, latency, st.PerSecond, len(counter.blind), len(counter.after), counter.after)
 	if tc.why != "" && after > 2 {
@@ -283,4 +321,12 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 	}
 	assert.GreaterOrEqual(t, float64(used), use*2*tc.perSec, "most of the limit in the 2nd and 3rd seconds")
 	assert.LessOrEqual(t, st.MaxPerSecond, int(tc.perSec)+int(tc.limit.Quota)+2, "within the limit")
+}
+
+// e2eTimeline logs the run's timeline when the case failed: what each
+// request was answered, and when, and what each instance did about it.
+func e2eTimeline(t *testing.T, c *e2eCounter) {
+	if t.Failed() {
+		t.Logf("the run, answer by answer (times since its start):\n%s", strings.Join(c.timeline, "\n"))
+	}
 }
