@@ -45,6 +45,7 @@ var scriptTune = []struct {
 	{"paceMin", paceMin},
 	{"paceMax", paceMax},
 	{"collisionSpan", collisionSpan},
+	{"collisionQueue", collisionQueue},
 	{"collisionMin", collisionMin},
 	{"collisionShare", collisionShare},
 	// The fleet's Redis state (shared.go).

@@ -116,8 +116,11 @@ if ARGV[31] == '1' then
 end
 
 -- A start-up collision (collides in controller.go, its twin): a refusal
--- to a request sent in the key's first second (hist, its first grant) at
--- the configured rate, that asks a wait of a second at most, while the
+-- to a request whose turn was given in the key's first second (hist, its
+-- first grant): sent in it, or before the latest turn it gave before any
+-- refusal was heard (hend, at most collisionQueue past it: a fleet's
+-- instances queue their first turns up to a second ahead), at the
+-- configured rate, that asks a wait of a second at most, while the
 -- fleet's refusals in the last second are few: no more than the burst (two
 -- for a pacer), or a tenth of the units granted. It lowers nothing and
 -- tells no shape, and while the shape is not known and the refusal carries
@@ -125,8 +128,9 @@ end
 -- when one is on) rather than for the Retry-After.
 local collision = false
 if exhausted and throttled and sent >= 0 and old >= configured and ra <= tune.collisionSpan then
-  local hist = tonumber(redis.call('HGET', KEYS[1], field.hist) or '')
-  if hist and sent < hist + tune.collisionSpan then
+  local st = redis.call('HMGET', KEYS[1], field.hist, field.hend)
+  local hist, hend = tonumber(st[1]), tonumber(st[2]) or 0
+  if hist and sent < math.max(hist + tune.collisionSpan, math.min(hend, hist + tune.collisionSpan + tune.collisionQueue)) then
     local r = refusedLastSecond(KEYS[1], now) + 1 -- (this one is counted below)
     collision = r <= math.max(tune.collisionMin, burst) or r <= tune.collisionShare * (granted(KEYS[1], math.max(now - 1000000, hist), now, now, hist) or 0)
   end

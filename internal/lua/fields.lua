@@ -52,6 +52,7 @@ local field = {
   budr = 'budr', -- the provider's remaining that the report stated
   budres = 'budres', -- the resolution the report's reset was read to
   hist = 'hist', -- since when the ring of grants records them (the key's first grant)
+  hend = 'hend', -- the latest turn given in the key's first second (see collides)
   g = 'g', -- the ring of grants: g0, g1, ... (ringSize slots of ringSlot), "<slot>:<units>"
   f = 'f', -- the ring of refusals, by send time: f0 .. f3 (a meterSlot each), "<slot>:<count>"
   rts = 'rts', -- how many changes of the rate have moved the turns given (retime)

@@ -129,7 +129,7 @@ if reported then
     end
   end
 end
-local recorded = false
+local recorded, last = false, 0 -- a grant was recorded; the latest turn given
 local probe = tonumber(ARGV[15])
 local horizon = tonumber(ARGV[19])
 local group, fair = 2, nil
@@ -190,7 +190,7 @@ for i = 21, #ARGV - group, group do
     tat = newtat
     changed = true
     grant(KEYS[3], at, cost)
-    recorded = true
+    recorded, last = true, math.max(last, at)
     if depth >= 0 and at > now then
       redis.call('ZADD', KEYS[4], string.format('%.3f', at), string.format('%.3f:%d', at, cost))
       if at > start then queued = queued + cost end
@@ -217,8 +217,19 @@ if fair then fair.save() end
 if recorded or reported then
   -- The ring is kept for every key (a report may come for any), and
   -- lives at least as long as it reaches back; a budget until its reset.
-  if recorded and redis.call('HEXISTS', KEYS[3], field.hist) == 0 then
-    redis.call('HSET', KEYS[3], field.hist, string.format('%.0f', now))
+  if recorded then
+    local hist = tonumber(redis.call('HGET', KEYS[3], field.hist) or '')
+    if not hist then
+      hist = now
+      redis.call('HSET', KEYS[3], field.hist, string.format('%.0f', now))
+    end
+    -- The latest turn given in the key's first second before any refusal
+    -- was heard (given blind): a refusal sent before it is the start's
+    -- (see the collision in control.lua).
+    if now < hist + tune.collisionSpan and last > (tonumber(redis.call('HGET', KEYS[3], field.hend) or '') or 0) and
+        refusedLastSecond(KEYS[3], now) == 0 then
+      redis.call('HSET', KEYS[3], field.hend, string.format('%.0f', last))
+    end
   end
   local keep = tune.ringLife / 1000
   if reported then keep = math.max(keep, math.ceil(tonumber(ARGV[8]) / 1000) + 1000) end

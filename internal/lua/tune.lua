@@ -29,6 +29,7 @@ local tune = {
   paceMin = 250000,
   paceMax = 2000000,
   collisionSpan = 1000000,
+  collisionQueue = 1000000,
   collisionMin = 2,
   collisionShare = 0.1,
   ringSlot = 10000,
