@@ -28,6 +28,7 @@ import (
 // grants in between, every silent signal leaves the state as learn leaves
 // it, and learn decides nothing on it.
 func TestQuietIsLearn(t *testing.T) {
+	t.Parallel() // states and signals alone, no clock
 	cfgs := map[string]learnConfig{"default": defaultLearn(PerSecond(50))}
 	c := defaultLearn(PerSecond(50))
 	c.discover = false

@@ -696,9 +696,9 @@ func (st *ctlState) report(s *Signal, q Quota, hasQ bool) {
 		// counts after it. It gives nothing back. (Taken for a window that
 		// reset, two such answers read after a "remaining 0" let two
 		// requests go beside the probe at the hold's end, which a window
-		// refuses: TestControllerBudgetSteps. Answers read out of order
-		// are the rule on a machine short of CPU, where Zendesk/late met
-		// three refusals at a hold's end, now and then.) The fleet's script needs
+		// refuses: TestControllerBudgetSteps. Answers are read out of order
+		// often on a machine short of CPU, where Zendesk/late met three
+		// refusals at a hold's end now and then.) The fleet's script needs
 		// no such rule: its budget is the count less the turns given since
 		// the reported request was sent (rate.lua's report), which hold the
 		// requests the provider counted after it.

@@ -523,6 +523,7 @@ func runRefundLLM(t *testing.T, lims []CostLimiter) {
 // final turns: the expectation never took a turn the windows did not
 // allow.
 func TestLimitsRefundBoundProperties(t *testing.T) {
+	t.Parallel() // on a fake clock, CPU alone
 	const schedules, steps = 500, 120
 	keys := []string{"h/a", "h/b"}
 	var late, lateWent, gaveUp int

@@ -16,6 +16,7 @@ import (
 // window holds at most n of the actual costs at the final turns, and no
 // turn moved later than the one first given.
 func TestLimitsReplanProperties(t *testing.T) {
+	t.Parallel() // on a fake clock, CPU alone
 	const steps = 80
 	schedules := propertyRuns(2000)
 	keys := []string{"h/a", "h/b", "g/a"}

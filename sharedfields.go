@@ -63,7 +63,7 @@ const (
 	fieldBudr   = "budr"   // the provider's remaining that the report stated
 	fieldBudres = "budres" // the resolution the report's reset was read to
 	fieldHist   = "hist"   // since when the ring of grants records them (the key's first grant)
-	fieldHend   = "hend"   // the latest turn given in the key's first second (see collides)
+	fieldHend   = "hend"   // the latest turn given in the key's first second before any refusal (see collides)
 	fieldG      = "g"      // the ring of grants: g0, g1, ... (ringSize slots of ringSlot), "<slot>:<units>"
 	fieldF      = "f"      // the ring of refusals, by send time: f0 .. f3 (a meterSlot each), "<slot>:<count>"
 	fieldRts    = "rts"    // how many changes of the rate have moved the turns given (retime)

@@ -64,6 +64,7 @@ func TestNewSharedLimitsValidates(t *testing.T) {
 // arithmetic are the same. Rates and windows are drawn so that every
 // interval is whole microseconds.
 func TestSharedLimitsAgreesWithLimits(t *testing.T) {
+	t.Parallel() // on a fake clock and its own redis-server: it may run beside the property runs
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	rates := []Rate{PerSecond(1), PerSecond(10), PerSecond(50), PerSecond(100), PerSecond(1000), PerMinute(20)}

@@ -244,44 +244,26 @@ func run(ctx context.Context, s settings, out io.Writer) ([]result, error) {
 // Transport, with WithPriorities when prio is set. When d is over, the
 // requests still waiting are cancelled; it returns once every one has.
 func runOnce(ctx context.Context, prio bool, streams []stream, d, warmup time.Duration, seed uint64) (result, error) {
-	api, err := fakeapi.Start(fakeapi.Config{
-		Rate: limit, Burst: providerBurst, Advertise: true, Latency: latency, Seed: seed,
-	})
+	api, err := fakeapi.Start(fakeapi.Config{Rate: limit, Burst: providerBurst, Advertise: true, Latency: latency, Seed: seed})
 	if err != nil {
 		return result{}, err
 	}
 	defer api.Close()
 	conns := &http.Transport{MaxIdleConnsPerHost: 256}
 	defer conns.CloseIdleConnections()
-
-	res := result{name: nameArrival, measured: d - warmup}
+	res := result{name: nameArrival, measured: d - warmup, tallies: make([]*tally, len(streams))}
 	byClass := map[egress.Class]*tally{}
-	for _, st := range streams {
-		t := &tally{stream: st}
-		res.tallies = append(res.tallies, t)
-		byClass[st.class] = t
+	for i, st := range streams {
+		res.tallies[i] = &tally{stream: st}
+		byClass[st.class] = res.tallies[i]
 	}
 	var mu sync.Mutex // guards the tallies
-	lim, err := egress.NewTokenBucket(egress.PerSecond(limit), egressBurst)
+	tr, err := newTransport(conns, prio, &mu, byClass)
 	if err != nil {
 		return result{}, err
 	}
-	opts := []egress.Option{egress.WithLimiter(lim)}
 	if prio {
 		res.name = namePriorities
-		opts = append(opts,
-			egress.WithPriorities(egress.Priorities{}),
-			egress.WithObserver(egress.Observer{OnQueued: func(_ string, c egress.Class, _ time.Duration) {
-				mu.Lock()
-				defer mu.Unlock()
-				if t := byClass[c]; t != nil {
-					t.queued++
-				}
-			}}))
-	}
-	tr, err := egress.New(probe{conns}, opts...)
-	if err != nil {
-		return result{}, err
 	}
 	client := &http.Client{Transport: tr}
 	url := api.URL() + "/v1/charges"
@@ -320,6 +302,29 @@ func runOnce(ctx context.Context, prio bool, streams []stream, d, warmup time.Du
 		slices.Sort(t.waits)
 	}
 	return res, nil
+}
+
+// newTransport returns the Transport of a run over conns: a token bucket
+// at the limit, with the priority classes when prio, whose queued requests
+// are counted in byClass's tallies (under mu).
+func newTransport(conns http.RoundTripper, prio bool, mu *sync.Mutex, byClass map[egress.Class]*tally) (*egress.Transport, error) {
+	lim, err := egress.NewTokenBucket(egress.PerSecond(limit), egressBurst)
+	if err != nil {
+		return nil, err
+	}
+	opts := []egress.Option{egress.WithLimiter(lim)}
+	if prio {
+		opts = append(opts,
+			egress.WithPriorities(egress.Priorities{}),
+			egress.WithObserver(egress.Observer{OnQueued: func(_ string, c egress.Class, _ time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				if t := byClass[c]; t != nil {
+					t.queued++
+				}
+			}}))
+	}
+	return egress.New(probe{conns}, opts...)
 }
 
 // arrivals calls fire at each arrival of sender w of st from start until

@@ -91,8 +91,9 @@ end
 --   budr, budres  the provider's remaining that report stated, and its
 --               reset's resolution (us)
 --   hist        since when the grants are recorded (us)
---   hend        the latest turn given in the key's first second (us;
---               reserve.lua: see the start-up collision in control.lua)
+--   hend        the latest turn given in the key's first second before
+--               any refusal was heard (us; reserve.lua: see the start-up
+--               collision in control.lua)
 --   g0 .. g255  the grants of the last 2.56 s, a ring of 10 ms slots:
 --               "<slot>:<units>", slot being the turn's time / 10 ms; kept
 --               for every key, by the reservation script (a few hundred
