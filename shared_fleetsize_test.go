@@ -152,6 +152,32 @@ func TestSharedStartMargin(t *testing.T) {
 	}
 }
 
+// startOf256 returns a SharedTokenBucket at 200/s (burst 20) on a fake
+// clock begun at start, one of 256 live instances, and turn, which reserves
+// a turn of cost 1 for a key at the clock's now (one script call a
+// request) and returns the turn given.
+func startOf256(t *testing.T, name string) (*SharedTokenBucket, *clock.Fake, time.Time, func(key string) time.Time) {
+	srv := redistest.Start(t)
+	start := time.Now().Truncate(time.Microsecond) // the script's keys expire on Redis's own clock
+	fc := clock.NewFake(start)
+	l := newSharedTB(t, srv.Client(t), name, PerSecond(200), 20, WithCommandTimeout(roomyTimeout), onClock(fc))
+	l.coalesce = false // one call a request, at the fake clock's now
+	return l, fc, start, func(key string) time.Time {
+		t.Helper()
+		id := keyID(key)
+		l.mu.Lock()
+		if _, ok := l.lanes.Get(id, fc.Now()); !ok {
+			l.lanes.Put(id, &batchLane{born: start})
+		}
+		l.mu.Unlock()
+		l.live.Store(256) // (a heartbeat riding on a call counts this instance alone)
+		res, _, err := l.runReserve(id, []*pending{{cost: 1}})
+		require.NoError(t, err)
+		require.Zero(t, res[0].code)
+		return fc.Now().Add(res[0].wait)
+	}
+}
+
 // TestSharedStartMarginIsNoRefill: the units a process's start margin
 // keeps back come back to the fleet's bucket as it refills, never as
 // turns among those already given. 256 instances at 200/s with a burst
@@ -166,23 +192,8 @@ func TestSharedStartMargin(t *testing.T) {
 // bench/fleet's TestFleetProcesses 16x16x1, and a decrease to 140/s.)
 // Once the bucket has refilled, the whole usable burst goes at once.
 func TestSharedStartMarginIsNoRefill(t *testing.T) {
-	srv := redistest.Start(t)
-	start := time.Now().Truncate(time.Microsecond) // the script's keys expire on Redis's own clock
-	fc := clock.NewFake(start)
-	l := newSharedTB(t, srv.Client(t), "start-refill", PerSecond(200), 20, WithCommandTimeout(roomyTimeout), onClock(fc))
-	l.coalesce = false // one call a request, at the fake clock's now
-	id := keyID("k")
-	l.mu.Lock()
-	l.lanes.Put(id, &batchLane{born: start})
-	l.mu.Unlock()
-	turn := func() time.Time {
-		t.Helper()
-		l.live.Store(256) // (a heartbeat riding on a call counts this instance alone)
-		res, _, err := l.runReserve(id, []*pending{{cost: 1}})
-		require.NoError(t, err)
-		require.Zero(t, res[0].code)
-		return fc.Now().Add(res[0].wait)
-	}
+	_, fc, start, turnOf := startOf256(t, "start-refill")
+	turn := func() time.Time { t.Helper(); return turnOf("k") }
 	const unit = 5 * time.Millisecond
 	for i := range 13 {
 		require.Equal(t, start, turn(), "request %d: within the start window's burst", i)
@@ -220,25 +231,7 @@ func TestSharedStartMarginIsNoRefill(t *testing.T) {
 // most runs of bench/fleet's TestFleetProcesses 16x16x1: about 5% of R
 // over the run.)
 func TestSharedStartCollisionOfAQueuedTurn(t *testing.T) {
-	srv := redistest.Start(t)
-	start := time.Now().Truncate(time.Microsecond) // the script's keys expire on Redis's own clock
-	fc := clock.NewFake(start)
-	l := newSharedTB(t, srv.Client(t), "start-queued", PerSecond(200), 20, WithCommandTimeout(roomyTimeout), onClock(fc))
-	l.coalesce = false // one call a request, at the fake clock's now
-	turn := func(key string) time.Time {
-		t.Helper()
-		id := keyID(key)
-		l.mu.Lock()
-		if _, ok := l.lanes.Get(id, fc.Now()); !ok {
-			l.lanes.Put(id, &batchLane{born: start})
-		}
-		l.mu.Unlock()
-		l.live.Store(256)
-		res, _, err := l.runReserve(id, []*pending{{cost: 1}})
-		require.NoError(t, err)
-		require.Zero(t, res[0].code)
-		return fc.Now().Add(res[0].wait)
-	}
+	l, fc, start, turn := startOf256(t, "start-queued")
 	refused := func(sent, read time.Duration) Signal {
 		return Signal{Now: start.Add(read), SentAt: start.Add(sent), Status: http.StatusTooManyRequests,
 			RetryAfter: time.Second, HasRetryAfter: true, Quotas: []Quota{{
