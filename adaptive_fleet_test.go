@@ -205,7 +205,10 @@ func (r adpRun) log(t *testing.T, fleet []*adpInstance, key string) {
 		for _, c := range changes {
 			desc = append(desc, fmt.Sprintf("%.1f→%.1f %s", c.old.PerSecond(), c.new.PerSecond(), c.why))
 		}
-		t.Logf("instance %d: effective %v, %d rate changes %v", i, in.adj.EffectiveRate(key), len(changes), desc)
+		t.Logf("instance %d: effective %v, %d rate changes %v; %s", i, in.adj.EffectiveRate(key), len(changes), desc, in.rec.summary())
+		if st, ok := in.lim.(interface{ Stats() SharedStats }); ok {
+			t.Logf("instance %d: %+v", i, st.Stats())
+		}
 	}
 }
 

@@ -338,6 +338,24 @@ type obsCooldown struct {
 	err   error
 }
 
+// summary says how many requests waited and how long (the mean and the
+// longest), the holds and the retries recorded: where a run's time went.
+func (r *obsRecorder) summary() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var sum, most time.Duration
+	for _, w := range r.waits {
+		sum += w.waited
+		most = max(most, w.waited)
+	}
+	mean := time.Duration(0)
+	if len(r.waits) > 0 {
+		mean = sum / time.Duration(len(r.waits))
+	}
+	return fmt.Sprintf("%d waited (mean %v, longest %v), %d holds, %d retries", len(r.waits),
+		mean.Round(time.Millisecond), most.Round(time.Millisecond), len(r.cooldowns), len(r.retries))
+}
+
 func (r *obsRecorder) observer() Observer {
 	return Observer{
 		OnWait: func(key string, d time.Duration) {
