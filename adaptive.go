@@ -3,10 +3,12 @@ package egress
 import (
 	"math"
 	"time"
+
+	"github.com/egress-go/egress/internal/control"
 )
 
 // How a limiter learns a key's limit, besides the rate it is configured
-// with (the rules are in controller.go):
+// with (the rules are in internal/control):
 //
 //   - Advertised: a response that states the provider's limit with its
 //     window (RateLimit-Policy: "default";q=50;w=1, or X-RateLimit-Limit:
@@ -50,21 +52,11 @@ type AdaptivePolicy struct {
 	Floor Rate
 }
 
-// The defaults of AdaptivePolicy.
-const (
-	defaultBeta = 0.7
-	defaultC    = 0.005
-)
-
-// advertisedTTL is how long an advertised limit is believed without being
-// heard again.
-const advertisedTTL = 10 * time.Minute
-
 // learnSettings applies a limiter's learning options for rate r, or fails
 // naming the first invalid one. op names the constructor.
-func learnSettings(op string, r Rate, o learnOptions) (learnConfig, error) {
-	cfg := defaultLearn(r)
-	cfg.discover, cfg.advertise = !o.noDiscover, !o.noAdvert
+func learnSettings(op string, r Rate, o learnOptions) (control.Config, error) {
+	cfg := control.DefaultConfig(r.PerSecond())
+	cfg.Discover, cfg.Advertise = !o.noDiscover, !o.noAdvert
 	if o.margin != nil && *o.margin < 0 {
 		return cfg, configError(op+": WithTransitMargin", *o.margin, "must not be negative")
 	}
@@ -75,7 +67,7 @@ func learnSettings(op string, r Rate, o learnOptions) (learnConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
-	cfg.beta, cfg.c, cfg.floor = p.Beta, p.C, p.Floor.PerSecond()
+	cfg.Beta, cfg.C, cfg.Floor = p.Beta, p.C, p.Floor.PerSecond()
 	return cfg, nil
 }
 
@@ -86,10 +78,10 @@ func (p AdaptivePolicy) withDefaults(op string, configured Rate) (AdaptivePolicy
 		return p, configError(op+": WithAdaptive: AdaptivePolicy."+field, v, why)
 	}
 	if p.Beta == 0 {
-		p.Beta = defaultBeta
+		p.Beta = control.DefaultBeta
 	}
 	if p.C == 0 {
-		p.C = defaultC
+		p.C = control.DefaultC
 	}
 	if p.Floor == (Rate{}) {
 		p.Floor = Rate{n: configured.n / 10, per: configured.per}
@@ -112,10 +104,10 @@ func (p AdaptivePolicy) withDefaults(op string, configured Rate) (AdaptivePolicy
 // limiterOptions applies a local limiter's options for rate r: the
 // learning settings and the options themselves, or an error naming every
 // invalid one (see limiterSettingsFor). op names the constructor.
-func limiterOptions(op string, r Rate, opts []LimiterOption) (learnConfig, learnOptions, error) {
+func limiterOptions(op string, r Rate, opts []LimiterOption) (control.Config, learnOptions, error) {
 	set, err := limiterSettingsFor(op, localRate, opts)
 	if err != nil {
-		return learnConfig{}, set.learn, err
+		return control.Config{}, set.learn, err
 	}
 	lc, err := learnSettings(op, r, set.learn)
 	return lc, set.learn, err
@@ -123,11 +115,11 @@ func limiterOptions(op string, r Rate, opts []LimiterOption) (learnConfig, learn
 
 // effectiveRate returns the rate of a key with controller state s (nil:
 // none) at now, as a Rate: the configured one when nothing lowers it.
-func effectiveRate(s *ctlState, cfg *learnConfig, configured Rate, now time.Time) Rate {
+func effectiveRate(s *control.State, cfg *control.Config, configured Rate, now time.Time) Rate {
 	if s == nil {
 		return configured
 	}
-	if r := s.rate(cfg, now); r < cfg.configured {
+	if r := s.Rate(cfg, now); r < cfg.Configured {
 		return PerSecond(r)
 	}
 	return configured

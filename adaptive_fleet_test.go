@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/fakeapi"
 	"github.com/egress-go/egress/internal/redistest"
 )
@@ -275,8 +276,8 @@ func TestAdaptiveFleetAdvertised(t *testing.T) {
 	// The advertised limit lives in Redis beside the bucket, with a TTL.
 	ttl, err := rdb.PTTL(context.Background(), adpRateKey("adv", key)).Result()
 	require.NoError(t, err)
-	assert.Greater(t, ttl, advertisedTTL-time.Minute, "TTL of the learnt limit")
-	assert.LessOrEqual(t, ttl, advertisedTTL)
+	assert.Greater(t, ttl, control.AdvertisedTTL-time.Minute, "TTL of the learnt limit")
+	assert.LessOrEqual(t, ttl, control.AdvertisedTTL)
 }
 
 // ---- 2. adaptive, unadvertised ----

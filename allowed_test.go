@@ -15,11 +15,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/keyed"
 )
 
 // Tests of the allowed path's shortcuts: a response that says nothing of
-// the limit (ctlState.silent and quiet), a response no reader reads
+// the limit (control.State.Silent and quiet), a response no reader reads
 // (signalConfig.reads), the Transport's quick way through its TokenBucket
 // (one reading of the clock, the bucket handed from grant to learning),
 // and the per-key counts. Each shortcut is checked against the long way.
@@ -29,45 +30,46 @@ import (
 // it, and learn decides nothing on it.
 func TestQuietIsLearn(t *testing.T) {
 	t.Parallel() // states and signals alone, no clock
-	cfgs := map[string]learnConfig{"default": defaultLearn(PerSecond(50))}
-	c := defaultLearn(PerSecond(50))
-	c.discover = false
+	cfgs := map[string]control.Config{"default": control.DefaultConfig(50)}
+	c := control.DefaultConfig(50)
+	c.Discover = false
 	cfgs["without discovery"] = c
-	c = defaultLearn(PerSecond(50))
-	c.advertise = false
+	c = control.DefaultConfig(50)
+	c.Advertise = false
 	cfgs["without advertised limits"] = c
-	c = defaultLearn(PerSecond(50))
-	c.fleet, c.burst = true, 10
+	c = control.DefaultConfig(50)
+	c.Fleet, c.Burst = true, 10
 	cfgs["a fleet's"] = c
 	for name, cfg := range cfgs {
 		t.Run(name, func(t *testing.T) {
-			seen := map[shape]int{}
+			seen := map[control.Shape]int{}
 			for seed := range uint64(propertyRuns(60)) {
 				rng := rand.New(rand.NewPCG(seed, 7))
-				var st ctlState
+				var st control.State
 				now := ctlEpoch
 				for step := range 400 {
 					now = now.Add(time.Duration(rng.Int64N(int64(150 * time.Millisecond))))
 					if rng.IntN(3) == 0 {
-						st.spend(now, now, 1, st.rate(&cfg, now)) // a grant, as the limiter makes them
+						st.Spend(now, now, 1, st.Rate(&cfg, now)) // a grant, as the limiter makes them
 						continue
 					}
 					s := randomSignal(rng, now)
-					if !st.silent(&s) {
-						st.learn(&cfg, &s)
+					r := s.response()
+					if !st.Silent(&r) {
+						st.Learn(&cfg, &r)
 						continue
 					}
-					seen[st.shape]++
+					seen[st.Shape]++
 					quiet := st
-					quiet.quiet(&s)
-					d := st.learnAll(&cfg, &s) // learn's whole reading, which learn skips for a silent signal
+					quiet.Quiet(&r)
+					d := st.LearnAll(&cfg, &r) // learn's whole reading, which learn skips for a silent signal
 					require.True(t, reflect.DeepEqual(st, quiet), "seed %d step %d: %+v: quiet left the state otherwise than learn", seed, step, s)
-					assert.Equal(t, d.from, d.to, "seed %d step %d: learn changed the rate", seed, step)
-					d.from, d.to = 0, 0
-					require.Equal(t, Decision{}, d, "seed %d step %d: learn decided on a silent signal", seed, step)
+					assert.Equal(t, d.From, d.To, "seed %d step %d: learn changed the rate", seed, step)
+					d.From, d.To = 0, 0
+					require.Equal(t, control.Decision{}, d, "seed %d step %d: learn decided on a silent signal", seed, step)
 				}
 			}
-			for _, sh := range []shape{shapeUnknown, shapeWindow, shapeBucket} {
+			for _, sh := range []control.Shape{control.ShapeUnknown, control.ShapeWindow, control.ShapeBucket} {
 				assert.Positive(t, seen[sh], "no silent signal met a key of shape %d", sh)
 			}
 		})
@@ -207,9 +209,9 @@ func TestAllowedPathReadsTheClockOnce(t *testing.T) {
 			assert.Equal(t, int64(1), cc.reads.Swap(0), "a request granted at once, answered without rate-limit headers")
 			bk := tb.buckets.M["api.example.com"]
 			require.NotNil(t, bk)
-			acc, ref := bk.ctl.meter.lastSecond(fc.Now())
+			acc, ref := bk.ctl.Meter.LastSecond(fc.Now())
 			assert.Equal(t, [2]int32{2, 0}, [2]int32{acc, ref}, "the acceptances are counted")
-			assert.Equal(t, fc.Now().UnixNano(), bk.ctl.sent.at[0], "granted at the reading")
+			assert.Equal(t, fc.Now().UnixNano(), bk.ctl.Sent.At[0], "granted at the reading")
 
 			header.Store(http.Header{"X-Ratelimit-Remaining": {"5"}, "X-Ratelimit-Limit": {"10"}})
 			mustSend200(t, tr, req)
@@ -220,7 +222,7 @@ func TestAllowedPathReadsTheClockOnce(t *testing.T) {
 			_, err := tr.RoundTrip(req)
 			require.NoError(t, err)
 			cc.reads.Store(0)
-			assert.False(t, tb.buckets.M["api.example.com"].ctl.hold.IsZero(), "the 429 holds the key: learn read the time")
+			assert.False(t, tb.buckets.M["api.example.com"].ctl.Hold.IsZero(), "the 429 holds the key: learn read the time")
 
 			tb.clock = fc // a clock of its own: the long way
 			fc.Advance(time.Minute)
@@ -245,7 +247,7 @@ func TestTokenBucketLearnsInTheBucketOfTheKey(t *testing.T) {
 	ok := Signal{Now: fc.Now(), SentAt: fc.Now(), Status: 200}
 	tb.learnAt(g.bk, "k", &ok)
 	assert.Same(t, g.bk, tb.buckets.M["k"])
-	acc, _ := g.bk.ctl.meter.lastSecond(fc.Now())
+	acc, _ := g.bk.ctl.Meter.LastSecond(fc.Now())
 	assert.Equal(t, int32(1), acc, "learnt in the granting bucket, the key's")
 
 	fc.Advance(2 * keyed.SweepEvery) // full again and at rest: the next sweep drops it
@@ -261,7 +263,7 @@ func TestTokenBucketLearnsInTheBucketOfTheKey(t *testing.T) {
 	now := tb.buckets.M["k"]
 	require.NotNil(t, now, "learnt through the map: a bucket of its own again")
 	assert.NotSame(t, g.bk, now)
-	assert.Equal(t, d.Hold, now.ctl.hold)
+	assert.Equal(t, d.Hold, now.ctl.Hold)
 	_, err = tb.Wait(ctx, "k", 1, time.Millisecond)
 	assert.ErrorIs(t, err, ErrRateLimited, "the key is held")
 }

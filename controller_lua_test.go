@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -66,7 +67,7 @@ func TestLuaMatchesGo(t *testing.T) {
 		}
 		got := evalFloats(t, ctx, run, "return {"+strings.Join(calls, ", ")+"}")
 		for i, x := range ins {
-			want := cubic(x.t, x.w0, x.wmax, x.c, x.p)
+			want := control.Cubic(x.t, x.w0, x.wmax, x.c, x.p)
 			assert.InEpsilon(t, want, got[i], 1e-12, "cubic(%v)", x)
 		}
 	})
@@ -147,14 +148,14 @@ func TestSharedBudgetMatchesGo(t *testing.T) {
 	// goGrants counts the grants the Go controller makes after s, and its
 	// hold then.
 	goGrants := func(s Signal) (int, time.Duration) {
-		cfg := defaultLearn(PerSecond(1000))
-		var st ctlState
-		st.learn(&cfg, &s)
+		cfg := control.DefaultConfig(1000)
+		var st control.State
+		learnSignal(&st, &cfg, &s)
 		n := 0
-		for st.spend(s.Now, s.Now, 1, 1000) {
+		for st.Spend(s.Now, s.Now, 1, 1000) {
 			n++
 		}
-		return n, st.hold.Sub(s.Now)
+		return n, st.Hold.Sub(s.Now)
 	}
 	sharedGrants := func(t *testing.T, l *SharedTokenBucket, key string) (int, time.Duration) {
 		return admitted(t, l, key, 50*time.Millisecond, 100)
@@ -331,14 +332,14 @@ func TestSharedBudgetHoldsFromNow(t *testing.T) {
 // and a learn that hands a signal to both for key "k" (and, with carry,
 // waits for a turn, whose reservation carries the signal's count to the
 // script).
-func sharedBesideGo(t *testing.T, name string, carry bool) (*SharedTokenBucket, *learnConfig, *ctlState, func(Signal)) {
+func sharedBesideGo(t *testing.T, name string, carry bool) (*SharedTokenBucket, *control.Config, *control.State, func(Signal)) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	l := newSharedTB(t, srv.Client(t), name, PerSecond(100), 10, WithCommandTimeout(roomyTimeout))
 	cfg := l.learn
-	goSt := new(ctlState)
+	goSt := new(control.State)
 	return l, &cfg, goSt, func(s Signal) {
-		goSt.learn(&cfg, &s)
+		learnSignal(goSt, &cfg, &s)
 		require.NoError(t, l.Learn(ctx, "k", s).Err)
 		if carry {
 			_, err := l.Wait(ctx, "k", 1, time.Second)
@@ -385,7 +386,7 @@ func TestSharedBucketLevelsOff(t *testing.T) {
 			_, err = l.Wait(ctx, "k", 1, time.Second)
 			require.NoError(t, err)
 			now = time.Now()
-			got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+			got, want := l.EffectiveRate("k").PerSecond(), goSt.Rate(cfg, now)
 			assert.GreaterOrEqual(t, want, tc.lo, "the Go controller's rate (levelled off at about 80, climbing 88)")
 			assert.Less(t, want, tc.hi, "the Go controller's rate (levelled off at about 80, climbing 88)")
 			assert.InDelta(t, want, got, 1.5, "the fleet's rate")
@@ -403,7 +404,7 @@ func roomCount(at time.Time, status int, remaining float64) Signal {
 // (1: as fast as the fleet grants), each request granted by both
 // controllers, and learns a count of remaining after each; the next
 // reservation carries it to the script.
-func sendCounted(t *testing.T, l *SharedTokenBucket, cfg *learnConfig, goSt *ctlState, learn func(Signal), d time.Duration, share, remaining float64) {
+func sendCounted(t *testing.T, l *SharedTokenBucket, cfg *control.Config, goSt *control.State, learn func(Signal), d time.Duration, share, remaining float64) {
 	t.Helper()
 	ctx := context.Background()
 	for end, next := time.Now().Add(d), time.Now(); time.Now().Before(end); {
@@ -411,11 +412,11 @@ func sendCounted(t *testing.T, l *SharedTokenBucket, cfg *learnConfig, goSt *ctl
 		_, err := l.Wait(ctx, "k", 1, time.Second)
 		require.NoError(t, err)
 		now := time.Now()
-		goSt.spend(now, now, 1, goSt.rate(cfg, now))
+		goSt.Spend(now, now, 1, goSt.Rate(cfg, now))
 		learn(roomCount(now, 200, remaining))
 		// (From the last turn, not from now: the calls' own time is not
 		// added to every gap.)
-		next = maxTime(next, now.Add(-10*time.Millisecond)).Add(time.Duration(float64(time.Second) / (share * goSt.rate(cfg, now))))
+		next = clock.Later(next, now.Add(-10*time.Millisecond)).Add(time.Duration(float64(time.Second) / (share * goSt.Rate(cfg, now))))
 	}
 }
 
@@ -433,7 +434,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	learn(refusal) // 70/s, climbing back to 100 (K = 3.9 s)
 	sendCounted(t, l, cfg, goSt, learn, 500*time.Millisecond, 1, 9)
 	now := time.Now()
-	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.Rate(cfg, now)
 	// (The fleet's clock runs ahead on the counts its reservations carry,
 	// on Redis's clock: a little behind the Go controller's.)
 	assert.Greater(t, want, 91.0, "the Go controller climbed faster (CUBIC alone: 80 after half a second)")
@@ -447,7 +448,7 @@ func TestSharedBucketRoomClimbsFaster(t *testing.T) {
 	_, err := l.Wait(ctx, "k", 1, time.Second)
 	require.NoError(t, err)
 	now = time.Now()
-	gotAfter, wantAfter := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+	gotAfter, wantAfter := l.EffectiveRate("k").PerSecond(), goSt.Rate(cfg, now)
 	assert.LessOrEqual(t, wantAfter, want+0.1, "the Go controller levelled off")
 	assert.LessOrEqual(t, gotAfter, got+0.5, "the fleet levelled off")
 	assert.Less(t, gotAfter, 99.0, "the fleet levelled off")
@@ -468,7 +469,7 @@ func TestSharedBucketRoomNeedsTheRate(t *testing.T) {
 	// In use for two seconds, in the fleet and in the Go: the refusal
 	// below is no start-up collision.
 	agedKey(t, l.shared, "k")
-	goSt.sent.first = time.Now().Add(-2 * time.Second).UnixNano()
+	goSt.Sent.First = time.Now().Add(-2 * time.Second).UnixNano()
 	// At the configured rate first, counts with room: nothing to climb.
 	sendCounted(t, l, cfg, goSt, learn, 300*time.Millisecond, 1, 9)
 	refusal := roomCount(time.Now(), 429, 0)
@@ -477,11 +478,11 @@ func TestSharedBucketRoomNeedsTheRate(t *testing.T) {
 	start := time.Now()
 	sendCounted(t, l, cfg, goSt, learn, time.Second, 0.6, 9)
 	now := time.Now()
-	got, want := l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+	got, want := l.EffectiveRate("k").PerSecond(), goSt.Rate(cfg, now)
 	// (The counts of the first quarter second after the decrease still
 	// find the requests before it, at the configured rate, and speed the
 	// climb by about a third of a second: 91 or so.)
-	cubic := cubic(now.Sub(start).Seconds(), 70, 100, cfg.c, 0)
+	cubic := control.Cubic(now.Sub(start).Seconds(), 70, 100, cfg.C, 0)
 	assert.Less(t, want, cubic+7, "the Go controller's climb was not sped (CUBIC alone: %.1f)", cubic)
 	assert.Less(t, got, cubic+7, "the fleet's climb was not sped (CUBIC alone: %.1f)", cubic)
 	assert.InDelta(t, want, got, 4, "the fleet's rate")
@@ -513,22 +514,22 @@ func TestSharedBucketLevelsAtTheRefill(t *testing.T) {
 			continue
 		}
 		s := Signal{Now: now, SentAt: now, Status: 200, Quotas: []Quota{q}}
-		if d := goSt.learn(cfg, &s); d.Why == "counted" && goLevel == 0 {
+		if d := learnSignal(goSt, cfg, &s); d.Why == "counted" && goLevel == 0 {
 			goLevel = d.New.PerSecond()
 		}
 		require.NoError(t, l.Learn(ctx, "k", s).Err)
 	}
 	got := l.EffectiveRate("k").PerSecond()
-	t.Logf("the Go controller levelled off at %.1f/s; after 3 s it is at %.1f/s, the fleet at %.1f/s", goLevel, goSt.rate(cfg, time.Now()), got)
+	t.Logf("the Go controller levelled off at %.1f/s; after 3 s it is at %.1f/s, the fleet at %.1f/s", goLevel, goSt.Rate(cfg, time.Now()), got)
 	assert.Zero(t, refused, "the provider's bucket was never empty")
 	// (A measure is the most whole counts allow, up to a unit over its
 	// span, which is at least drainMin: 4/s above the refill. The fleet's
 	// turns pace the provider's bucket here, and every level-off and
 	// room count moves them: 82 to 86/s in runs at 13a5898, the fleet up
 	// to 4/s below the Go controller 3 s on, and 6/s under CI's load.)
-	assert.InDelta(t, 80, goLevel, 1/drainMin.Seconds()+1, "the Go controller levelled off at the refill")
+	assert.InDelta(t, 80, goLevel, 1/control.DrainMin.Seconds()+1, "the Go controller levelled off at the refill")
 	assert.Less(t, got, 92.0, "the fleet levelled off (climbing, it would be at 100)")
-	assert.InDelta(t, goSt.rate(cfg, time.Now()), got, 8, "the fleet's rate beside the Go controller's")
+	assert.InDelta(t, goSt.Rate(cfg, time.Now()), got, 8, "the fleet's rate beside the Go controller's")
 }
 
 // TestLuaMeasuresAnEmptyBucket: a bucket kept empty, its counts at 0, is
@@ -545,8 +546,8 @@ func TestLuaMeasuresAnEmptyBucket(t *testing.T) {
 	ctx := context.Background()
 	run := func(ctx context.Context, script string) (any, error) { return rdb.Eval(ctx, script, nil, "@").Result() }
 	const turns, refused, span = 35, 10, 500 * time.Millisecond
-	mark := drainMark{at: ctlEpoch, rem: 0, n: turns - refused}
-	est, measured := mark.refills(ctlEpoch.Add(span), 0)
+	mark := control.DrainMark{At: ctlEpoch, Rem: 0, N: turns - refused}
+	est, measured := mark.Refills(ctlEpoch.Add(span), 0)
 	require.True(t, measured, "counts that stay at 0 measure")
 	require.InDelta(t, 52, est, 1e-9)
 	for _, tc := range []struct {
@@ -554,8 +555,8 @@ func TestLuaMeasuresAnEmptyBucket(t *testing.T) {
 		drf  int
 		want float64
 	}{
-		{"the refusals heard", refused, est * nearAim},
-		{"none heard", 0, 72 * nearAim}, // (35 + 1)/0.5 = 72/s
+		{"the refusals heard", refused, est * control.NearAim},
+		{"none heard", 0, 72 * control.NearAim}, // (35 + 1)/0.5 = 72/s
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := fmt.Sprintf(`redis.call('DEL', 'de')
@@ -615,10 +616,10 @@ func TestLuaRingLosesThePastToTurnsAhead(t *testing.T) {
 	const rate, configured, span, ahead = 140.0, 200.0, 1700 * time.Millisecond, 1800 * time.Millisecond
 	const unit = 5 * time.Millisecond // the turns, at 200/s
 	n := float64(span / unit)
-	m := drainMark{at: ctlEpoch, rem: 11, n: n}
-	est, measured := m.refills(ctlEpoch.Add(span), 0)
+	m := control.DrainMark{At: ctlEpoch, Rem: 11, N: n}
+	est, measured := m.Refills(ctlEpoch.Add(span), 0)
 	require.True(t, measured)
-	goLevel := min(rate, max(est*nearAim, drainLow*rate))
+	goLevel := min(rate, max(est*control.NearAim, control.DrainLow*rate))
 	require.Equal(t, rate, goLevel, "the Go controller: %.0f/s measured, above the rate", est)
 	body := fmt.Sprintf(`redis.call('DEL', 'ra')
 local sent = math.floor(now / ringSlot) * ringSlot - 2000
@@ -651,9 +652,9 @@ return {string.format('%%.0f', within), tostring(past or -1), redis.call('HGET',
 func TestSharedEstimateGoesAtMostBetaTwice(t *testing.T) {
 	fc := clock.NewFake(time.Now())
 	l := newSharedTB(t, redistest.Start(t).Client(t), "deep", PerSecond(100), 10, WithCommandTimeout(roomyTimeout), onClock(fc))
-	cfg, goSt := l.learn, new(ctlState)
+	cfg, goSt := l.learn, new(control.State)
 	learn := func(s Signal) {
-		goSt.learn(&cfg, &s)
+		learnSignal(goSt, &cfg, &s)
 		require.NoError(t, l.Learn(context.Background(), "k", s).Err)
 	}
 	refusal := func(sent time.Time) Signal {
@@ -667,19 +668,19 @@ func TestSharedEstimateGoesAtMostBetaTwice(t *testing.T) {
 	for range 9 {
 		learn(refusal(burst))
 	}
-	require.InDelta(t, 70, goSt.rate(&cfg, fc.Now()), 1e-6, "the first refusal: by beta")
+	require.InDelta(t, 70, goSt.Rate(&cfg, fc.Now()), 1e-6, "the first refusal: by beta")
 	fc.Advance(5 * time.Millisecond)
 	learn(refusal(fc.Now()))
-	est, ok := goSt.meter.estimate(fc.Now(), 70)
+	est, ok := goSt.Meter.Estimate(fc.Now(), 70)
 	require.True(t, ok)
 	require.Less(t, est, 15.0, "an estimate far below the rate")
-	want := cfg.beta * cfg.beta * 70
-	assert.InDelta(t, want, goSt.rate(&cfg, fc.Now()), 1e-6, "the Go: beta twice")
+	want := cfg.Beta * cfg.Beta * 70
+	assert.InDelta(t, want, goSt.Rate(&cfg, fc.Now()), 1e-6, "the Go: beta twice")
 	assert.InDelta(t, want, l.EffectiveRate("k").PerSecond(), 1e-6, "the script: beta twice")
 }
 
 // TestSharedControllerSteps runs the controller's step tables through a
-// SharedTokenBucket's Learn, so through internal/lua/control.lua on a real
+// SharedTokenBucket's Learn, so through internal/control/control.lua on a real
 // redis-server: the fleet's controller decides as the Go one does. The
 // limiter and its script run on one fake clock with the Go controller
 // (onClock), so holds agree to the microsecond (the script's unit). One
@@ -699,10 +700,10 @@ func TestSharedControllerSteps(t *testing.T) {
 			}
 			rdb := srv.Client(t)
 			l := newSharedTB(t, rdb, fmt.Sprintf("steps%d", i), PerSecond(100), 10, opts...)
-			var goSt ctlState
+			var goSt control.State
 			goCfg := l.learn
-			require.True(t, goCfg.fleet, "the fleet's controller")
-			require.InDelta(t, ctlBurst, goCfg.burst, 1, "the usable burst, about the tables'")
+			require.True(t, goCfg.Fleet, "the fleet's controller")
+			require.InDelta(t, ctlBurst, goCfg.Burst, 1, "the usable burst, about the tables'")
 			for j, step := range tc.steps {
 				s := *step.signal()
 				s.SentAt, s.Now = start.Add(step.sent), start.Add(step.at)
@@ -717,16 +718,16 @@ func TestSharedControllerSteps(t *testing.T) {
 				}
 				fc.Advance(s.Now.Sub(fc.Now()))
 				now := s.Now
-				bucketBefore := goSt.shape == shapeBucket
+				bucketBefore := goSt.Shape == control.ShapeBucket
 				step.grant(&goSt, &goCfg, s.SentAt)
-				if probe, _ := goSt.storm.after(s.SentAt, goSt.rate(&goCfg, now)); probe {
+				if probe, _ := goSt.Storm.After(s.SentAt, goSt.Rate(&goCfg, now)); probe {
 					// The fleet's probes are the turns the script tells as
 					// probes (TestProbesAfterAHold): as if this one had been.
 					l.mu.Lock()
 					l.probedLocked(keyID("k"), s.SentAt)
 					l.mu.Unlock()
 				}
-				want := goSt.learn(&goCfg, &s)
+				want := learnSignal(&goSt, &goCfg, &s)
 				got := l.Learn(context.Background(), "k", s)
 				require.NoError(t, got.Err, "step %d", j)
 
@@ -739,7 +740,7 @@ func TestSharedControllerSteps(t *testing.T) {
 				assert.Equal(t, want.Why, got.Why, "step %d: why", j)
 				if got.Why != "" || !got.Hold.IsZero() {
 					// The instance knows the rate the script last told it.
-					assert.InDelta(t, goSt.rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1e-6, "step %d: rate", j)
+					assert.InDelta(t, goSt.Rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1e-6, "step %d: rate", j)
 				}
 				// The climb's plateau (plateauFor), as the script keeps it.
 				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyID("k"))[2], fieldPl).Float64()
@@ -747,12 +748,12 @@ func TestSharedControllerSteps(t *testing.T) {
 					pl, err = 0, nil
 				}
 				require.NoError(t, err, "step %d", j)
-				assert.InDelta(t, goSt.plateau, pl, 1e-6, "step %d: plateau", j)
+				assert.InDelta(t, goSt.Plateau, pl, 1e-6, "step %d: plateau", j)
 				l.mu.Lock()
 				lr := l.learnt.M[keyID("k")]
 				l.mu.Unlock()
-				if lr != nil && (goSt.shape != shapeUnknown || lr.shape != shapeUnknown) {
-					assert.Equal(t, goSt.shape, lr.shape, "step %d: shape", j)
+				if lr != nil && (goSt.Shape != control.ShapeUnknown || lr.shape != control.ShapeUnknown) {
+					assert.Equal(t, goSt.Shape, lr.shape, "step %d: shape", j)
 				}
 			}
 		})
@@ -839,7 +840,7 @@ func TestParseControl(t *testing.T) {
 		{"shape negative", []any{"100", "70", int64(0), int64(-1), int64(0), int64(0), "1700000000000000"}, false},
 		{"storm neither 0 nor 1", []any{"100", "70", int64(0), int64(0), int64(2), int64(0), "1700000000000000"}, false},
 		{"probes negative", []any{"100", "70", int64(0), int64(0), int64(0), int64(-1), "1700000000000000"}, false},
-		{"probes too many", []any{"100", "70", int64(0), int64(0), int64(0), int64(stormProbes + 1), "1700000000000000"}, false},
+		{"probes too many", []any{"100", "70", int64(0), int64(0), int64(0), int64(control.StormProbes + 1), "1700000000000000"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
@@ -879,11 +880,11 @@ func TestLuaDrainMarkMatchesGo(t *testing.T) {
 		{"a rise after a fall, below the mark", []count{{0, 6}, {100 * ms, 2}, {200 * ms, 5}, {300 * ms, 3}}, &count{0, 6}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var m drainMark
+			var m control.DrainMark
 			epoch := time.Unix(0, 0)
 			lines := []string{"redis.call('DEL', 'dm')", "local base = now - 5000000"}
 			for _, c := range tc.counts {
-				m.count(epoch.Add(c.at), Quota{Remaining: c.rem, HasRemaining: true, Limit: 10, HasLimit: true})
+				m.Count(epoch.Add(c.at), control.Quota{Remaining: c.rem, HasRemaining: true, Limit: 10, HasLimit: true})
 				lines = append(lines, fmt.Sprintf("drain('dm', 0, now, base + %d, %g, %g, %g, 1, 10000, 50, 100, 0, 10, 10)",
 					c.at.Microseconds(), c.rem, c.rem, c.rem))
 			}
@@ -892,11 +893,11 @@ func TestLuaDrainMarkMatchesGo(t *testing.T) {
 				"return {string.format('%.0f', tonumber(st[1]) - base), st[2]}")
 			got := evalFloats(t, ctx, run, strings.Join(lines, "\n"))
 			if tc.want == nil {
-				assert.True(t, m.at.IsZero(), "no mark in Go")
+				assert.True(t, m.At.IsZero(), "no mark in Go")
 				assert.Equal(t, []float64{-1, -1}, got, "no mark in Lua")
 				return
 			}
-			assert.Equal(t, drainMark{at: epoch.Add(tc.want.at), rem: tc.want.rem}, m, "the Go mark")
+			assert.Equal(t, control.DrainMark{At: epoch.Add(tc.want.at), Rem: tc.want.rem}, m, "the Go mark")
 			assert.Equal(t, []float64{float64(tc.want.at.Microseconds()), tc.want.rem}, got, "the Lua mark (us from the first count, remaining)")
 		})
 	}
@@ -969,7 +970,7 @@ func TestSharedLearnsABucketFromItsGrants(t *testing.T) {
 	lr := l.learnt.M[keyID("k")]
 	l.mu.Unlock()
 	require.NotNil(t, lr)
-	assert.Equal(t, shapeBucket, lr.shape)
+	assert.Equal(t, control.ShapeBucket, lr.shape)
 }
 
 // TestSharedTriesBackARateAccepted: as TestControllerTriesBackARateAccepted,
@@ -1000,13 +1001,13 @@ func TestSharedTriesBackARateAccepted(t *testing.T) {
 		_, err := l.Wait(ctx, "k", 1, time.Second)
 		require.NoError(t, err)
 		now := time.Now()
-		return l.EffectiveRate("k").PerSecond(), goSt.rate(cfg, now)
+		return l.EffectiveRate("k").PerSecond(), goSt.Rate(cfg, now)
 	}
 	learn(throttle())
-	require.Equal(t, 100.0, goSt.good, "the rate accepted for a second")
+	require.Equal(t, 100.0, goSt.Good, "the rate accepted for a second")
 	time.Sleep(ra + 20*ms)
 	learn(throttle()) // early in the climb back: beta twice, a low aim
-	back := goSt.back
+	back := goSt.Back
 	require.WithinDuration(t, time.Now().Add(3*ra), back, 20*ms, "two holds after the hold's end")
 
 	fleet, goRate := rateAt(back.Add(-80 * ms))
@@ -1017,7 +1018,7 @@ func TestSharedTriesBackARateAccepted(t *testing.T) {
 	assert.InDelta(t, goRate, fleet, 0.5, "the fleet tries 100/s")
 
 	learn(throttle()) // the try refused
-	next := goSt.back
+	next := goSt.Back
 	require.WithinDuration(t, time.Now().Add(ra+4*ra), next, 20*ms, "twice as long after the hold")
 	fleet, goRate = rateAt(next.Add(-80 * ms))
 	assert.Less(t, goRate, 60.0, "back to the climb")

@@ -6,18 +6,20 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/egress-go/egress/internal/control"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// Tests of the key's controller (controller.go): the limiter options, the
+// Tests of the key's controller (internal/control): the limiter options, the
 // rules as step tables of recorded response sequences → decisions on
 // explicit times, and the rules through the local limiters and the
 // Transport. The Go and Lua versions of the same arithmetic are compared in
@@ -85,25 +87,25 @@ func TestLimiterOptionDefaults(t *testing.T) {
 		name string
 		r    Rate
 		opts []LimiterOption
-		want learnConfig
+		want control.Config
 	}{
 		{"defaults: discovery and advertised limits on", PerSecond(100), nil,
-			learnConfig{configured: 100, discover: true, advertise: true, beta: 0.7, c: 0.005, floor: 10}},
+			control.Config{Configured: 100, Discover: true, Advertise: true, Beta: 0.7, C: 0.005, Floor: 10}},
 		{"WithAdaptive tunes", PerSecond(100), []LimiterOption{WithAdaptive(AdaptivePolicy{Beta: 0.5, C: 0.01, Floor: PerSecond(20)})},
-			learnConfig{configured: 100, discover: true, advertise: true, beta: 0.5, c: 0.01, floor: 20}},
+			control.Config{Configured: 100, Discover: true, Advertise: true, Beta: 0.5, C: 0.01, Floor: 20}},
 		{"the default floor keeps the unit", PerMinute(600), []LimiterOption{WithAdaptive(AdaptivePolicy{})},
-			learnConfig{configured: 10, discover: true, advertise: true, beta: 0.7, c: 0.005, floor: 1}},
+			control.Config{Configured: 10, Discover: true, Advertise: true, Beta: 0.7, C: 0.005, Floor: 1}},
 		{"WithoutDiscovery", PerSecond(100), []LimiterOption{WithoutDiscovery()},
-			learnConfig{configured: 100, discover: false, advertise: true, beta: 0.7, c: 0.005, floor: 10}},
+			control.Config{Configured: 100, Discover: false, Advertise: true, Beta: 0.7, C: 0.005, Floor: 10}},
 		{"WithoutAdvertisedLimits", PerSecond(100), []LimiterOption{WithoutAdvertisedLimits()},
-			learnConfig{configured: 100, discover: true, advertise: false, beta: 0.7, c: 0.005, floor: 10}},
+			control.Config{Configured: 100, Discover: true, Advertise: false, Beta: 0.7, C: 0.005, Floor: 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tb, err := NewTokenBucket(tc.r, 10, tc.opts...)
 			require.NoError(t, err)
-			assert.InDelta(t, tc.want.configured, tb.learn.configured, 1e-9)
-			assert.InDelta(t, tc.want.floor, tb.learn.floor, 1e-9)
-			tc.want.configured, tc.want.floor = tb.learn.configured, tb.learn.floor
+			assert.InDelta(t, tc.want.Configured, tb.learn.Configured, 1e-9)
+			assert.InDelta(t, tc.want.Floor, tb.learn.Floor, 1e-9)
+			tc.want.Configured, tc.want.Floor = tb.learn.Configured, tb.learn.Floor
 			assert.Equal(t, tc.want, tb.learn)
 			lb, err := NewLeakyBucket(tc.r, 10, tc.opts...)
 			require.NoError(t, err)
@@ -151,12 +153,12 @@ type sig struct {
 
 // grant has the limiter of st grant the step's requests at sent, or, when
 // it says none, marks this one granted then (see storm).
-func (s sig) grant(st *ctlState, cfg *learnConfig, sent time.Time) {
+func (s sig) grant(st *control.State, cfg *control.Config, sent time.Time) {
 	if s.granted == 0 {
-		st.storm.space(sent, sent)
+		st.Storm.Space(sent, sent)
 	}
 	for range s.granted {
-		st.spend(sent, sent, 1, st.rate(cfg, sent))
+		st.Spend(sent, sent, 1, st.Rate(cfg, sent))
 	}
 }
 
@@ -212,13 +214,13 @@ type want struct {
 	hold, notBefore time.Duration
 	rate            float64 // the key's rate right after; 0: the configured 100
 	why             string
-	shape           shape
+	shape           control.Shape
 	drain           bool
 }
 
 // ctlTable is a recorded response sequence and the decisions it must get,
 // for a limiter at 100/s with opts; fleet: a shared limiter's, with a
-// burst of ctlBurst (learnConfig.fleet).
+// burst of ctlBurst (control.Config.fleet).
 type ctlTable struct {
 	name  string
 	opts  []LimiterOption
@@ -283,9 +285,9 @@ func ctlTables() []ctlTable {
 				withQuota(ok(300*ms, 290*ms), 0, 2*s),
 			},
 			wants: []want{
-				{hold: probeHold},
-				{shape: shapeBucket, drain: true}, // a bucket: the limiter empties its own, no hold
-				{shape: shapeBucket, drain: true},
+				{hold: control.ProbeHold},
+				{shape: control.ShapeBucket, drain: true}, // a bucket: the limiter empties its own, no hold
+				{shape: control.ShapeBucket, drain: true},
 			},
 		},
 		{
@@ -295,7 +297,7 @@ func ctlTables() []ctlTable {
 				withQuota(throttle(150*ms, 120*ms, s), 0, 1850*ms),
 			},
 			wants: []want{
-				{hold: probeHold},
+				{hold: control.ProbeHold},
 				{hold: 150*ms + s, notBefore: 150*ms + s, rate: 70, why: "throttled"},
 			},
 		},
@@ -391,11 +393,11 @@ func ctlTables() []ctlTable {
 				ok(6630*ms, 6620*ms),                  // K = 2.43 s later: levelled off at 97, not 100
 			},
 			wants: []want{
-				{hold: probeHold},
-				{shape: shapeBucket, drain: true},
-				{shape: shapeBucket, rate: 70, why: "throttled"},
-				{shape: shapeBucket, rate: 90, why: "throttled"},
-				{shape: shapeBucket, rate: 97},
+				{hold: control.ProbeHold},
+				{shape: control.ShapeBucket, drain: true},
+				{shape: control.ShapeBucket, rate: 70, why: "throttled"},
+				{shape: control.ShapeBucket, rate: 90, why: "throttled"},
+				{shape: control.ShapeBucket, rate: 97},
 			},
 		},
 		func() ctlTable {
@@ -418,10 +420,10 @@ func ctlTables() []ctlTable {
 					one(ok(3*s, 2990*ms)),     // 1.99 s into it: 96.4
 				},
 				wants: []want{
-					{shape: shapeBucket, drain: true},
-					{shape: shapeBucket, hold: s + 10*ms, notBefore: 2 * s, rate: 70, why: "throttled"},
-					{shape: shapeBucket, drain: true, rate: 79.9},
-					{shape: shapeBucket, drain: true, rate: 96.4},
+					{shape: control.ShapeBucket, drain: true},
+					{shape: control.ShapeBucket, hold: s + 10*ms, notBefore: 2 * s, rate: 70, why: "throttled"},
+					{shape: control.ShapeBucket, drain: true, rate: 79.9},
+					{shape: control.ShapeBucket, drain: true, rate: 96.4},
 				},
 			}
 		}(),
@@ -436,7 +438,7 @@ func ctlTables() []ctlTable {
 				tb.steps = append(tb.steps, x)
 				w := want{}
 				if i == 21 {
-					w.shape, w.drain = shapeBucket, true // a bucket's count: the limiter keeps no more
+					w.shape, w.drain = control.ShapeBucket, true // a bucket's count: the limiter keeps no more
 				}
 				tb.wants = append(tb.wants, w)
 			}
@@ -452,7 +454,7 @@ func ctlTables() []ctlTable {
 				{at: 0, sent: 0, status: 200, ra: -1, remaining: 9, reset: -1, limit: 10, window: s, kind: ResetKindWindow},
 				{at: 700 * ms, sent: 690 * ms, status: 200, ra: -1, remaining: 0, reset: -1, limit: 10, window: s, kind: ResetKindWindow},
 			},
-			wants: []want{{rate: 10, why: "advertised", shape: shapeWindow}, {hold: s, rate: 10, shape: shapeWindow}},
+			wants: []want{{rate: 10, why: "advertised", shape: control.ShapeWindow}, {hold: s, rate: 10, shape: control.ShapeWindow}},
 		},
 		{
 			// A generic "X-RateLimit-Limit: 100;w=60" with no reset: the
@@ -463,7 +465,7 @@ func ctlTables() []ctlTable {
 			steps: []sig{
 				{at: 0, sent: 0, status: 200, ra: -1, remaining: 0, reset: -1, limit: 100, window: time.Minute},
 			},
-			wants: []want{{hold: probeHold, rate: 100.0 / 60, why: "advertised"}},
+			wants: []want{{hold: control.ProbeHold, rate: 100.0 / 60, why: "advertised"}},
 		},
 		{
 			// Salesforce's api-usage, a rolling day: looked at again a
@@ -472,14 +474,14 @@ func ctlTables() []ctlTable {
 			steps: []sig{
 				{at: 0, sent: 0, status: 200, ra: -1, remaining: 0, reset: -1, limit: 40, window: 24 * time.Hour, kind: ResetKindWindow},
 			},
-			wants: []want{{hold: time.Minute, shape: shapeWindow}},
+			wants: []want{{hold: time.Minute, shape: control.ShapeWindow}},
 		},
 		{
 			name: "a dialect that says its reset is a window's end: held until the reset at once",
 			steps: []sig{
 				func() sig { x := withQuota(ok(0, 0), 0, 40*time.Minute); x.kind = ResetKindWindow; return x }(),
 			},
-			wants: []want{{hold: 40 * time.Minute, shape: shapeWindow}},
+			wants: []want{{hold: 40 * time.Minute, shape: control.ShapeWindow}},
 		},
 		{
 			name: "a dialect that says its reset is a bucket's: the limiter empties its own bucket, no hold",
@@ -492,8 +494,8 @@ func ctlTables() []ctlTable {
 				}(),
 			},
 			wants: []want{
-				{shape: shapeBucket, drain: true},
-				{hold: 15 * ms, notBefore: 5*ms + s, rate: 70, why: "throttled", shape: shapeBucket}, // a refusal: one unit
+				{shape: control.ShapeBucket, drain: true},
+				{hold: 15 * ms, notBefore: 5*ms + s, rate: 70, why: "throttled", shape: control.ShapeBucket}, // a refusal: one unit
 			},
 		},
 		{
@@ -505,7 +507,7 @@ func ctlTables() []ctlTable {
 					return x
 				}(),
 			},
-			wants: []want{{hold: 800 * ms, shape: shapeWindow}},
+			wants: []want{{hold: 800 * ms, shape: control.ShapeWindow}},
 		},
 		{
 			name: "a window with quota left once the requests in flight are counted is not held",
@@ -516,14 +518,14 @@ func ctlTables() []ctlTable {
 					return x
 				}(),
 			},
-			wants: []want{{shape: shapeWindow}},
+			wants: []want{{shape: control.ShapeWindow}},
 		},
 		{
 			name: "a shape not known yet, remaining 2 with 2 in flight: a short hold, as for remaining 0",
 			steps: []sig{
 				func() sig { x := withQuota(ok(0, 0), 2, s); x.inFlight = 2; return x }(),
 			},
-			wants: []want{{hold: probeHold}},
+			wants: []want{{hold: control.ProbeHold}},
 		},
 		{
 			name: "a request refused a unit's refill (reset / limit) or more after the zero: a window, held until its reset",
@@ -532,8 +534,8 @@ func ctlTables() []ctlTable {
 				func() sig { x := withQuota(throttle(160*ms, 150*ms, s), 0, 840*ms); x.quota = 20; return x }(),
 			},
 			wants: []want{
-				{hold: probeHold},
-				{hold: 160*ms + s, notBefore: 160*ms + s, shape: shapeWindow, rate: 70, why: "throttled"},
+				{hold: control.ProbeHold},
+				{hold: 160*ms + s, notBefore: 160*ms + s, shape: control.ShapeWindow, rate: 70, why: "throttled"},
 			},
 		},
 		{
@@ -546,11 +548,11 @@ func ctlTables() []ctlTable {
 				func() sig { x := withQuota(ok(430*ms, 420*ms), 19, 2*s); x.quota = 20; return x }(),
 			},
 			wants: []want{
-				{hold: probeHold},
+				{hold: control.ProbeHold},
 				{},
 				{},
-				{hold: 300*ms + probeHold},
-				{shape: shapeBucket, drain: true},
+				{hold: 300*ms + control.ProbeHold},
+				{shape: control.ShapeBucket, drain: true},
 			},
 		},
 		{
@@ -564,7 +566,7 @@ func ctlTables() []ctlTable {
 				func() sig { x := withQuota(ok(300*ms, 150*ms), 17, s); x.quota = 20; return x }(),
 				func() sig { x := withQuota(ok(400*ms, 350*ms), 16, s); x.quota = 20; return x }(),
 			},
-			wants: []want{{hold: probeHold}, {}, {}},
+			wants: []want{{hold: control.ProbeHold}, {}, {}},
 		},
 		{
 			// A bucket of two units at 50/s, its reset in whole seconds
@@ -577,7 +579,7 @@ func ctlTables() []ctlTable {
 				func() sig { x := withQuota(ok(120*ms, 115*ms), 0, s); x.quota = 50; return x }(),
 				func() sig { x := withQuota(ok(230*ms, 225*ms), 0, s); x.quota = 50; return x }(),
 			},
-			wants: []want{{hold: probeHold}, {}, {hold: 120*ms + probeHold}, {shape: shapeBucket, drain: true}},
+			wants: []want{{hold: control.ProbeHold}, {}, {hold: 120*ms + control.ProbeHold}, {shape: control.ShapeBucket, drain: true}},
 		},
 		{
 			// A bucket of one unit never says any is left: taken for a
@@ -589,7 +591,7 @@ func ctlTables() []ctlTable {
 				func() sig { x := withQuota(ok(110*ms, 105*ms), 0, s); x.quota = 50; return x }(),
 				func() sig { x := withQuota(ok(220*ms, 215*ms), 0, s); x.quota = 50; return x }(),
 			},
-			wants: []want{{hold: probeHold}, {hold: 110*ms + probeHold}, {hold: 220*ms + probeHold}},
+			wants: []want{{hold: control.ProbeHold}, {hold: 110*ms + control.ProbeHold}, {hold: 220*ms + control.ProbeHold}},
 		},
 		{
 			// A window that reset before its stated end, spent by others:
@@ -602,9 +604,9 @@ func ctlTables() []ctlTable {
 				func() sig { x := withQuota(throttle(220*ms, 215*ms, s), 0, 780*ms); x.quota = 50; return x }(),
 			},
 			wants: []want{
-				{hold: probeHold},
-				{hold: 110*ms + probeHold},
-				{hold: 220*ms + s, notBefore: 220*ms + s, shape: shapeWindow, rate: 70, why: "throttled"},
+				{hold: control.ProbeHold},
+				{hold: 110*ms + control.ProbeHold},
+				{hold: 220*ms + s, notBefore: 220*ms + s, shape: control.ShapeWindow, rate: 70, why: "throttled"},
 			},
 		},
 		{
@@ -741,9 +743,9 @@ func ctlTables() []ctlTable {
 					small(throttle(12*ms, 8*ms, s), 2488*ms),
 				},
 				wants: []want{
-					{shape: shapeBucket, drain: true},
-					{shape: shapeBucket, hold: 1010 * ms, notBefore: 1010 * ms, rate: 14.04, why: "throttled"},
-					{shape: shapeBucket, hold: 1012 * ms, notBefore: 1012 * ms, rate: 14.04},
+					{shape: control.ShapeBucket, drain: true},
+					{shape: control.ShapeBucket, hold: 1010 * ms, notBefore: 1010 * ms, rate: 14.04, why: "throttled"},
+					{shape: control.ShapeBucket, hold: 1012 * ms, notBefore: 1012 * ms, rate: 14.04},
 				},
 			}
 		}(),
@@ -766,8 +768,8 @@ func ctlTables() []ctlTable {
 					coarse(throttle(30*ms, 20*ms, s), 1170*ms),
 				},
 				wants: []want{
-					{shape: shapeBucket, hold: 10 * ms, notBefore: s, rate: 70, why: "throttled"},
-					{shape: shapeBucket, hold: 200*ms + 7*time.Microsecond, notBefore: 1030 * ms, rate: 49.6, why: "throttled"},
+					{shape: control.ShapeBucket, hold: 10 * ms, notBefore: s, rate: 70, why: "throttled"},
+					{shape: control.ShapeBucket, hold: 200*ms + 7*time.Microsecond, notBefore: 1030 * ms, rate: 49.6, why: "throttled"},
 				},
 			}
 		}(),
@@ -789,13 +791,13 @@ func TestControllerSteps(t *testing.T) {
 			cfg, err := learnSettings("test", PerSecond(100), set.learn)
 			require.NoError(t, err)
 			if tc.fleet {
-				cfg.fleet, cfg.burst = true, ctlBurst
+				cfg.Fleet, cfg.Burst = true, ctlBurst
 			}
-			var st ctlState
+			var st control.State
 			for i, step := range tc.steps {
 				s := step.signal()
 				step.grant(&st, &cfg, s.SentAt)
-				d := st.learn(&cfg, s)
+				d := learnSignal(&st, &cfg, s)
 				w := tc.wants[i]
 				at := func(off time.Duration) time.Time {
 					if off == 0 {
@@ -809,12 +811,12 @@ func TestControllerSteps(t *testing.T) {
 				if rate == 0 {
 					rate = 100
 				}
-				assert.InDelta(t, rate, st.rate(&cfg, s.Now), 0.5, "step %d: rate", i)
+				assert.InDelta(t, rate, st.Rate(&cfg, s.Now), 0.5, "step %d: rate", i)
 				assert.Equal(t, w.why, d.Why, "step %d: why", i)
 				if w.why != "" {
 					assert.InDelta(t, rate, d.New.PerSecond(), 0.5, "step %d: Decision.New", i)
 				}
-				assert.Equal(t, w.shape, st.shape, "step %d: shape", i)
+				assert.Equal(t, w.shape, st.Shape, "step %d: shape", i)
 				assert.Equal(t, w.drain, d.drain, "step %d: drain", i)
 			}
 		})
@@ -833,8 +835,8 @@ func repeat(n int, f func(i int) sig) []sig {
 // rate to estimateMargin of the limit they show (the accepted share times
 // the rate), aims the climb back at that limit, and the climb reaches it.
 func TestControllerEstimate(t *testing.T) {
-	cfg := defaultLearn(PerSecond(100))
-	var st ctlState
+	cfg := control.DefaultConfig(100)
+	var st control.State
 	// 60 accepted and 40 refused over the last second, at 100/s: the
 	// provider takes 60/s.
 	for i := range 100 {
@@ -845,45 +847,19 @@ func TestControllerEstimate(t *testing.T) {
 		}
 		s := &Signal{Now: ctlEpoch.Add(at), SentAt: ctlEpoch.Add(at), Status: status}
 		if status == 200 {
-			st.meter.add(s.SentAt, false, true)
+			st.Meter.Add(s.SentAt, false, true)
 			continue
 		}
-		st.meter.add(s.SentAt, true, false)
+		st.Meter.Add(s.SentAt, true, false)
 	}
 	now := ctlEpoch.Add(time.Second)
-	d := st.learn(&cfg, &Signal{Now: now, SentAt: now, Status: 429})
+	d := learnSignal(&st, &cfg, &Signal{Now: now, SentAt: now, Status: 429})
 	assert.Equal(t, "throttled", d.Why)
-	assert.InDelta(t, 60, st.wmax, 1, "the aim: the limit the outcomes show")
-	assert.InDelta(t, 60*estimateMargin, st.rate(&cfg, now), 1, "just under it")
-	k := math.Cbrt((1 - estimateMargin) / cfg.c)
-	assert.InDelta(t, 60, st.rate(&cfg, now.Add(time.Duration(k*float64(time.Second)))), 1, "back at the aim after K = %.1fs", k)
+	assert.InDelta(t, 60, st.Wmax, 1, "the aim: the limit the outcomes show")
+	assert.InDelta(t, 60*control.EstimateMargin, st.Rate(&cfg, now), 1, "just under it")
+	k := math.Cbrt((1 - control.EstimateMargin) / cfg.C)
+	assert.InDelta(t, 60, st.Rate(&cfg, now.Add(time.Duration(k*float64(time.Second)))), 1, "back at the aim after K = %.1fs", k)
 	assert.Greater(t, k, 2.0, "the climb back to the aim takes seconds")
-}
-
-// TestControllerCubic: the climb back is w0 at the decrease, the aim at K,
-// above it after, and never above the configured rate nor below the floor.
-func TestControllerCubic(t *testing.T) {
-	cfg := defaultLearn(PerSecond(100))
-	st := ctlState{wmax: 80, w0: 56, climb: ctlEpoch}
-	k := math.Cbrt((80 - 56) / (cfg.c * 80))
-	at := func(s float64) time.Time { return ctlEpoch.Add(time.Duration(s * float64(time.Second))) }
-	assert.InDelta(t, 56, st.rate(&cfg, ctlEpoch), 1e-9)
-	assert.InDelta(t, 80, st.rate(&cfg, at(k)), 1e-9)
-	assert.Greater(t, st.rate(&cfg, at(k+2)), 80.0)
-	assert.Equal(t, 100.0, st.rate(&cfg, at(k+60)), "never above the configured rate")
-	low := ctlState{wmax: 12, w0: 1, climb: ctlEpoch}
-	assert.Equal(t, 10.0, low.rate(&cfg, ctlEpoch), "never below the floor")
-	// A plateau (plateauFor) keeps it at the aim that much longer, then
-	// the same curve.
-	flat := st
-	flat.plateau = 3
-	assert.InDelta(t, 80, flat.rate(&cfg, at(k+3)), 1e-9, "at the aim until the plateau's end")
-	assert.InDelta(t, st.rate(&cfg, at(k+2)), flat.rate(&cfg, at(k+5)), 1e-9, "then growing as without it")
-	assert.InDelta(t, st.rate(&cfg, at(k/2)), flat.rate(&cfg, at(k/2)), 1e-9, "the climb to the aim is the same")
-	k95 := math.Cbrt((95 - 70) / (cfg.c * 95))
-	assert.InDelta(t, 8-k95, plateauFor(time.Second, 70, 95, cfg.c), 1e-9, "eight holds of 1 s after the climb began")
-	assert.InDelta(t, 60-k95, plateauFor(10*time.Second, 70, 95, cfg.c), 1e-9, "a minute at most")
-	assert.Zero(t, plateauFor(100*time.Millisecond, 70, 95, cfg.c), "eight holds of 0.1 s end before K")
 }
 
 // ---- through the local limiters ----
@@ -1195,9 +1171,9 @@ func TestControllerBudgetSteps(t *testing.T) {
 			name: "a shape not known yet: a spent budget holds briefly, then lets one probe go",
 			steps: []budgetStep{
 				unknown(0, 0, 2, 1, time.Second),
-				grant(ms), grant(2 * ms), grant(2*ms + probeHold), grant(3*ms + probeHold),
+				grant(ms), grant(2 * ms), grant(2*ms + control.ProbeHold), grant(3*ms + control.ProbeHold),
 			},
-			wants: []want{{}, {granted: true}, {hold: 2*ms + probeHold}, {granted: true, hold: 2*ms + probeHold}, {hold: 3*ms + 2*probeHold}},
+			wants: []want{{}, {granted: true}, {hold: 2*ms + control.ProbeHold}, {granted: true, hold: 2*ms + control.ProbeHold}, {hold: 3*ms + 2*control.ProbeHold}},
 		},
 		{
 			name: "a higher count read after a lower one, of a request sent before it, is that count late: it gives nothing back",
@@ -1205,9 +1181,9 @@ func TestControllerBudgetSteps(t *testing.T) {
 				unknown(0, 0, 1, 0, time.Second),
 				unknown(2*ms, ms, 0, 0, time.Second), // none left: held for the probe
 				unknown(3*ms, 0, 2, 0, time.Second),  // sent before the one before, counted before it, read after it
-				grant(2*ms + probeHold), grant(3*ms + probeHold),
+				grant(2*ms + control.ProbeHold), grant(3*ms + control.ProbeHold),
 			},
-			wants: []want{{}, {hold: 2*ms + probeHold}, {hold: 2*ms + probeHold}, {granted: true, hold: 2*ms + probeHold}, {hold: 3*ms + 2*probeHold}},
+			wants: []want{{}, {hold: 2*ms + control.ProbeHold}, {hold: 2*ms + control.ProbeHold}, {granted: true, hold: 2*ms + control.ProbeHold}, {hold: 3*ms + 2*control.ProbeHold}},
 		},
 		{
 			name: "a bucket has no budget: a low remaining that refills holds nothing",
@@ -1237,21 +1213,21 @@ func TestControllerBudgetSteps(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Len(t, tc.wants, len(tc.steps))
-			cfg := defaultLearn(PerSecond(100))
-			var st ctlState
+			cfg := control.DefaultConfig(100)
+			var st control.State
 			for i, step := range tc.steps {
 				w := tc.wants[i]
 				granted := false
 				if step.grant > 0 {
 					now := ctlEpoch.Add(step.at)
-					granted = st.spend(now, now, step.grant, st.rate(&cfg, now))
+					granted = st.Spend(now, now, step.grant, st.Rate(&cfg, now))
 				} else {
-					st.learn(&cfg, step.report.signal())
+					learnSignal(&st, &cfg, step.report.signal())
 				}
 				assert.Equal(t, w.granted, granted, "step %d: granted", i)
 				var hold time.Duration
-				if !st.hold.IsZero() {
-					hold = st.hold.Sub(ctlEpoch)
+				if !st.Hold.IsZero() {
+					hold = st.Hold.Sub(ctlEpoch)
 				}
 				assert.Equal(t, w.hold, hold, "step %d: hold", i)
 			}
@@ -1347,14 +1323,14 @@ func bucketCount(x sig, remaining float64) sig {
 // countStream feeds st, at the key's own rate, successes whose bucket
 // counts (limit 10, reset 1 s, a bucket by its dialect) are remaining(t) at
 // t, from from up to to, and returns the decisions that changed the rate.
-func countStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remaining func(time.Duration) float64) []Decision {
+func countStream(st *control.State, cfg *control.Config, from, to time.Duration, remaining func(time.Duration) float64) []Decision {
 	return sentStream(st, cfg, from, to, remaining, 0)
 }
 
 // sentStream is countStream with the requests sent at share of the key's
-// rate, each granted by the limiter (ctlState.spend) as it goes; share 0
+// rate, each granted by the limiter (control.State.Spend) as it goes; share 0
 // sends at the rate and grants nothing.
-func sentStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remaining func(time.Duration) float64, share float64) []Decision {
+func sentStream(st *control.State, cfg *control.Config, from, to time.Duration, remaining func(time.Duration) float64, share float64) []Decision {
 	var changed []Decision
 	pace := share
 	if pace == 0 {
@@ -1363,12 +1339,12 @@ func sentStream(st *ctlState, cfg *learnConfig, from, to time.Duration, remainin
 	for at := from; at < to; {
 		sent := at - 2*time.Millisecond
 		if share > 0 {
-			st.spend(ctlEpoch.Add(sent), ctlEpoch.Add(sent), 1, st.rate(cfg, ctlEpoch.Add(sent)))
+			st.Spend(ctlEpoch.Add(sent), ctlEpoch.Add(sent), 1, st.Rate(cfg, ctlEpoch.Add(sent)))
 		}
-		if d := st.learn(cfg, bucketCount(ok(at, sent), remaining(at)).signal()); d.Why != "" {
+		if d := learnSignal(st, cfg, bucketCount(ok(at, sent), remaining(at)).signal()); d.Why != "" {
 			changed = append(changed, d)
 		}
-		at += time.Duration(float64(time.Second) / (st.rate(cfg, ctlEpoch.Add(at)) * pace))
+		at += time.Duration(float64(time.Second) / (st.Rate(cfg, ctlEpoch.Add(at)) * pace))
 	}
 	return changed
 }
@@ -1400,18 +1376,18 @@ func TestControllerRoomSteps(t *testing.T) {
 		{"not full: CUBIC's pace", steady(8), time.Second, 87.5, steady(8), 88.7, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := defaultLearn(PerSecond(100))
-			var st ctlState
+			cfg := control.DefaultConfig(100)
+			var st control.State
 			// A second at the configured rate, full, then a refusal: 70/s.
 			countStream(&st, &cfg, 0, time.Second, steady(9))
-			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
+			d := learnSignal(&st, &cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
 			require.Equal(t, "throttled", d.Why)
 			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
 			changed := countStream(&st, &cfg, time.Second+10*ms, time.Second+tc.until, tc.first)
 			assert.Empty(t, changed, "a faster climb back is not told")
-			assert.InDelta(t, tc.rate, st.rate(&cfg, ctlEpoch.Add(time.Second+tc.until)), 0.5)
+			assert.InDelta(t, tc.rate, st.Rate(&cfg, ctlEpoch.Add(time.Second+tc.until)), 0.5)
 			changed = countStream(&st, &cfg, time.Second+tc.until, time.Second+tc.until+100*ms, tc.then)
-			assert.InDelta(t, tc.level, st.rate(&cfg, ctlEpoch.Add(time.Second+tc.until+100*ms)), 0.5)
+			assert.InDelta(t, tc.level, st.Rate(&cfg, ctlEpoch.Add(time.Second+tc.until+100*ms)), 0.5)
 			if tc.why == "" {
 				assert.Empty(t, changed)
 				return
@@ -1444,19 +1420,19 @@ func TestControllerRoomNeedsTheRate(t *testing.T) {
 		{"sent at 60% of it: CUBIC's pace", 0.6, 87.4, 94},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := defaultLearn(PerSecond(100))
-			var st ctlState
+			cfg := control.DefaultConfig(100)
+			var st control.State
 			sentStream(&st, &cfg, 0, time.Second, full, 1)
-			d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
+			d := learnSignal(&st, &cfg, bucketCount(throttle(time.Second, time.Second-2*ms, 0), 0).signal())
 			require.InDelta(t, 70, d.New.PerSecond(), 0.01)
 			assert.Empty(t, sentStream(&st, &cfg, time.Second+10*ms, 2*time.Second, full, tc.share), "a faster climb back is not told")
-			r := st.rate(&cfg, ctlEpoch.Add(2*time.Second))
+			r := st.Rate(&cfg, ctlEpoch.Add(2*time.Second))
 			assert.GreaterOrEqual(t, r, tc.low)
 			assert.LessOrEqual(t, r, tc.top)
 			if tc.share == 1 {
 				return
 			}
-			went := st.roomRate
+			went := st.RoomRate
 			assert.InDelta(t, tc.share*r, went, 0.05*r, "room was shown at the rate sent")
 			changed := sentStream(&st, &cfg, 2*time.Second, 2*time.Second+100*ms, func(time.Duration) float64 { return 0 }, tc.share)
 			require.NotEmpty(t, changed)
@@ -1469,12 +1445,12 @@ func TestControllerRoomNeedsTheRate(t *testing.T) {
 // climbingBackAt70 returns a key of a limiter configured at 100/s that a
 // bucket's refusal (its count 0) lowered to 70/s at 1 s, after a second of
 // counts with room: climbing back from there.
-func climbingBackAt70(t *testing.T) (*learnConfig, *ctlState) {
+func climbingBackAt70(t *testing.T) (*control.Config, *control.State) {
 	t.Helper()
-	cfg := defaultLearn(PerSecond(100))
-	st := new(ctlState)
+	cfg := control.DefaultConfig(100)
+	st := new(control.State)
 	countStream(st, &cfg, 0, time.Second, func(time.Duration) float64 { return 9 })
-	d := st.learn(&cfg, bucketCount(throttle(time.Second, time.Second-2*time.Millisecond, 0), 0).signal())
+	d := learnSignal(st, &cfg, bucketCount(throttle(time.Second, time.Second-2*time.Millisecond, 0), 0).signal())
 	require.InDelta(t, 70, d.New.PerSecond(), 0.01)
 	return &cfg, st
 }
@@ -1522,7 +1498,7 @@ func TestControllerLevelsAnEmptyBucketAtItsRefill(t *testing.T) {
 			provider := &simBucket{capacity: 10, rate: limit, at: time.Second}
 			var levelled []Decision
 			var first time.Duration
-			for at := time.Second + 10*ms; at < 2*time.Second; at += time.Duration(float64(time.Second) / st.rate(cfg, ctlEpoch.Add(at))) {
+			for at := time.Second + 10*ms; at < 2*time.Second; at += time.Duration(float64(time.Second) / st.Rate(cfg, ctlEpoch.Add(at))) {
 				accepted, q := provider.take(at, time.Second)
 				if !accepted {
 					continue
@@ -1530,70 +1506,18 @@ func TestControllerLevelsAnEmptyBucketAtItsRefill(t *testing.T) {
 				if first == 0 && q.Remaining == 0 {
 					first = at
 				}
-				if d := st.learn(cfg, bucketCount(ok(at, at-2*ms), q.Remaining).signal()); d.Why == "counted" {
+				if d := learnSignal(st, cfg, bucketCount(ok(at, at-2*ms), q.Remaining).signal()); d.Why == "counted" {
 					levelled = append(levelled, d)
 					if len(levelled) == 1 {
-						assert.LessOrEqual(t, at-first, drainMin+100*ms, "levelled off a measure after the first count of 0")
+						assert.LessOrEqual(t, at-first, control.DrainMin+100*ms, "levelled off a measure after the first count of 0")
 					}
 				}
 			}
 			require.NotEmpty(t, levelled, "levelled off below the rate")
-			assert.InDelta(t, limit, levelled[0].New.PerSecond(), 1/drainMin.Seconds()+1, "at the refill the accepted requests show")
-			assert.InDelta(t, limit, st.rate(cfg, ctlEpoch.Add(2*time.Second)), 1/drainMin.Seconds()+1, "and stays there")
+			assert.InDelta(t, limit, levelled[0].New.PerSecond(), 1/control.DrainMin.Seconds()+1, "at the refill the accepted requests show")
+			assert.InDelta(t, limit, st.Rate(cfg, ctlEpoch.Add(2*time.Second)), 1/control.DrainMin.Seconds()+1, "and stays there")
 		})
 	}
-}
-
-// TestProbingTakesAShareOfTheHold: the probes after a hold, and their gap
-// (a unit at the floor rate), from the floor and the hold's length: their
-// gaps take at most a quarter of the hold (half of a long one), and they
-// are stormProbes at most. A storm not told costs another hold; the
-// probes cost at most a quarter of one, half of a long one. A hold is
-// long, and all its probes follow it without a sign, when it is longer
-// than a unit at the floor rate rounded up to whole seconds (the longest
-// Retry-After a bucket at or above the floor gives a request sent early:
-// longHold).
-func TestProbingTakesAShareOfTheHold(t *testing.T) {
-	const ms, s = time.Millisecond, time.Second
-	for _, c := range []struct {
-		floor float64
-		hold  time.Duration
-		k     int
-		gap   time.Duration
-		long  bool
-	}{
-		{10, 100 * ms, 1, 100 * ms, false}, // the first request after the hold only
-		{10, 200 * ms, 1, 100 * ms, false},
-		{10, 800 * ms, 3, 100 * ms, false},
-		{10, s, 3, 100 * ms, false},
-		{10, 1001 * ms, 6, 100 * ms, true}, // long: half of it
-		{10, 2 * s, 10, 100 * ms, true},
-		{10, 10 * s, stormProbes, 100 * ms, true},
-		{20, s, 6, 50 * ms, false},
-		{1.5, s, 1, 666666666, false}, // a unit of 667 ms: 1 s
-		{1.5, 2 * s, 2, 666666666, true},
-		{0.5, 2 * s, 1, 2 * s, false}, // a unit of 2 s
-		{0.5, 3 * s, 1, 2 * s, true},
-		{0, s, 0, 0, false},         // no floor: no probes
-		{0, time.Hour, 0, 0, false}, // nor a long hold
-		{10, 0, 0, 0, false},        // no hold: none
-	} {
-		k, gap := probing(c.floor, c.hold)
-		assert.Equal(t, c.k, k, "probes after a hold of %v at a floor of %v/s", c.hold, c.floor)
-		assert.Equal(t, c.gap, gap, "their gap after a hold of %v at a floor of %v/s", c.hold, c.floor)
-		assert.Equal(t, c.long, longHold(c.floor, c.hold), "a hold of %v at a floor of %v/s: long", c.hold, c.floor)
-	}
-}
-
-// TestUnsaid: a throttle without a Retry-After holds a key a unit at its
-// rate; one that says nothing at all (no count either), a unit at the
-// floor rate at least.
-func TestUnsaid(t *testing.T) {
-	const ms = time.Millisecond
-	assert.Equal(t, 100*ms, unsaid(10, 100, true))
-	assert.Equal(t, 10*ms, unsaid(10, 100, false))
-	assert.Equal(t, 500*ms, unsaid(2, 5, true), "a unit at the floor, longer than the key's")
-	assert.Equal(t, 10*ms, unsaid(0, 100, true), "no floor: the key's unit")
 }
 
 // TestControllerProbesAfterAHold: after a hold that a throttle without
@@ -1606,7 +1530,7 @@ func TestUnsaid(t *testing.T) {
 // stormProbeShare) has one probe.
 func TestControllerProbesAfterAHold(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
-	settings := func(r float64) learnConfig {
+	settings := func(r float64) control.Config {
 		cfg, err := learnSettings("test", PerSecond(r), learnOptions{})
 		require.NoError(t, err)
 		return cfg
@@ -1614,22 +1538,22 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 	at := func(off time.Duration) time.Time { return ctlEpoch.Add(off) }
 	// spends grants a request at each offset and returns the key's hold
 	// after each.
-	spends := func(st *ctlState, cfg *learnConfig, offs ...time.Duration) []time.Duration {
+	spends := func(st *control.State, cfg *control.Config, offs ...time.Duration) []time.Duration {
 		var holds []time.Duration
 		for _, off := range offs {
-			assert.True(t, st.spend(at(off), at(off), 1, st.rate(cfg, at(off))))
-			holds = append(holds, st.hold.Sub(ctlEpoch))
+			assert.True(t, st.Spend(at(off), at(off), 1, st.Rate(cfg, at(off))))
+			holds = append(holds, st.Hold.Sub(ctlEpoch))
 		}
 		return holds
 	}
 
 	t.Run("one without a sign, three after one", func(t *testing.T) {
 		cfg := settings(100)
-		var st ctlState
-		d := st.learn(&cfg, throttle(0, 0, s).signal())
+		var st control.State
+		d := learnSignal(&st, &cfg, throttle(0, 0, s).signal())
 		require.Equal(t, at(s), d.Hold)
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1015*ms))
-		d = st.learn(&cfg, throttle(1030*ms, 1015*ms, s).signal()) // the second request: a sign
+		d = learnSignal(&st, &cfg, throttle(1030*ms, 1015*ms, s).signal()) // the second request: a sign
 		require.Equal(t, at(2030*ms), d.Hold)
 		assert.Equal(t, []time.Duration{2130 * ms, 2230 * ms, 2230 * ms, 2230 * ms},
 			spends(&st, &cfg, 2030*ms, 2130*ms, 2230*ms, 2250*ms))
@@ -1639,8 +1563,8 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		// of a request sent early (see longHold): ten probes, the most
 		// half the hold has room for.
 		cfg := settings(100)
-		var st ctlState
-		d := st.learn(&cfg, throttle(0, 0, 2*s).signal())
+		var st control.State
+		d := learnSignal(&st, &cfg, throttle(0, 0, 2*s).signal())
 		require.Equal(t, at(2*s), d.Hold)
 		assert.Equal(t, []time.Duration{2100 * ms, 2200 * ms, 2300 * ms, 2400 * ms, 2500 * ms, 2600 * ms, 2700 * ms, 2800 * ms, 2900 * ms, 2900 * ms, 2900 * ms},
 			spends(&st, &cfg, 2*s, 2100*ms, 2200*ms, 2300*ms, 2400*ms, 2500*ms, 2600*ms, 2700*ms, 2800*ms, 2900*ms, 2910*ms))
@@ -1651,11 +1575,11 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		// request after the hold is a probe; refused the same way, a
 		// storm's (see unsaid).
 		cfg := settings(100)
-		var st ctlState
-		d := st.learn(&cfg, throttle(0, 0, -1).signal())
+		var st control.State
+		d := learnSignal(&st, &cfg, throttle(0, 0, -1).signal())
 		require.Equal(t, at(100*ms), d.Hold)
 		assert.Equal(t, []time.Duration{100 * ms, 100 * ms}, spends(&st, &cfg, 100*ms, 115*ms))
-		d = st.learn(&cfg, throttle(105*ms, 100*ms, -1).signal())
+		d = learnSignal(&st, &cfg, throttle(105*ms, 100*ms, -1).signal())
 		assert.Equal(t, "storm", d.Why, "the probe, refused: %+v", d)
 		assert.True(t, d.Hold.IsZero(), "a storm's throttle holds nothing: %+v", d)
 	})
@@ -1665,27 +1589,27 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		// (a TokenBucket's first after a hold waits for its transit
 		// margin) is the probe's: its request, refused, is a storm's.
 		cfg := settings(100)
-		var st ctlState
-		st.learn(&cfg, throttle(0, 0, s).signal())
-		require.True(t, st.spend(at(1015*ms), at(1014*ms), 1, 70))
-		d := st.learn(&cfg, throttle(1020*ms, 1015*ms, s).signal())
+		var st control.State
+		learnSignal(&st, &cfg, throttle(0, 0, s).signal())
+		require.True(t, st.Spend(at(1015*ms), at(1014*ms), 1, 70))
+		d := learnSignal(&st, &cfg, throttle(1020*ms, 1015*ms, s).signal())
 		assert.Equal(t, "storm", d.Why, "the probe given late, refused: %+v", d)
 		// A turn given on time, its waiter woken 5 ms late: the next
 		// request, a unit after the turn (a LeakyBucket keeps its pace),
 		// is not the probe, and its refusal is a sign only.
-		var st2 ctlState
-		st2.learn(&cfg, throttle(0, 0, s).signal())
-		require.True(t, st2.spend(at(1005*ms), at(s), 1, 70))
-		d = st2.learn(&cfg, throttle(1020*ms, 1015*ms, s).signal())
+		var st2 control.State
+		learnSignal(&st2, &cfg, throttle(0, 0, s).signal())
+		require.True(t, st2.Spend(at(1005*ms), at(s), 1, 70))
+		d = learnSignal(&st2, &cfg, throttle(1020*ms, 1015*ms, s).signal())
 		assert.Equal(t, "throttled", d.Why, "the request after the probe, refused: %+v", d)
 	})
 	t.Run("none while a storm is believed", func(t *testing.T) {
 		cfg := settings(100)
-		var st ctlState
-		st.learn(&cfg, throttle(0, 0, s).signal())
-		st.learn(&cfg, throttle(1030*ms, 1015*ms, s).signal()) // a sign
+		var st control.State
+		learnSignal(&st, &cfg, throttle(0, 0, s).signal())
+		learnSignal(&st, &cfg, throttle(1030*ms, 1015*ms, s).signal()) // a sign
 		assert.Equal(t, []time.Duration{2130 * ms}, spends(&st, &cfg, 2030*ms))
-		d := st.learn(&cfg, throttle(2040*ms, 2030*ms, s).signal())
+		d := learnSignal(&st, &cfg, throttle(2040*ms, 2030*ms, s).signal())
 		require.Equal(t, "storm", d.Why)
 		assert.Equal(t, []time.Duration{2130 * ms, 2130 * ms}, spends(&st, &cfg, 2130*ms, 2140*ms))
 	})
@@ -1693,34 +1617,34 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 		// (Within half a unit of the hold's end, where a fleet's probe may
 		// be sent as an instance measures it.)
 		cfg := settings(100)
-		var st ctlState
-		d := st.learn(&cfg, throttle(0, 0, 3*ms).signal())
+		var st control.State
+		d := learnSignal(&st, &cfg, throttle(0, 0, 3*ms).signal())
 		require.Equal(t, at(3*ms), d.Hold)
-		d = st.learn(&cfg, throttle(10*ms, -1*ms, s).signal()) // sent before the first throttle was read
+		d = learnSignal(&st, &cfg, throttle(10*ms, -1*ms, s).signal()) // sent before the first throttle was read
 		assert.Equal(t, at(10*ms+s), d.Hold, "a hold: about the quota")
 		assert.Empty(t, d.Why, "and the same episode: not a storm")
 	})
 	t.Run("none after a hold with counts", func(t *testing.T) {
 		cfg := settings(100)
-		var st ctlState
-		d := st.learn(&cfg, withQuota(throttle(0, 0, s), 0, s).signal())
+		var st control.State
+		d := learnSignal(&st, &cfg, withQuota(throttle(0, 0, s), 0, s).signal())
 		require.False(t, d.Hold.IsZero())
-		hold := st.hold.Sub(ctlEpoch)
+		hold := st.Hold.Sub(ctlEpoch)
 		assert.Equal(t, []time.Duration{hold, hold}, spends(&st, &cfg, hold, hold+10*ms))
 	})
 	t.Run("one probe at a low floor", func(t *testing.T) {
 		cfg := settings(5) // floor 0.5/s: a unit is 2s, longer than a quarter of the hold
-		var st ctlState
-		st.learn(&cfg, throttle(0, 0, s).signal())
+		var st control.State
+		learnSignal(&st, &cfg, throttle(0, 0, s).signal())
 		assert.Equal(t, []time.Duration{s, s}, spends(&st, &cfg, s, 1300*ms))
 		// The rate is 3.5/s: a request sent a unit after the first is no
 		// probe, the first is.
-		d := st.learn(&cfg, throttle(1400*ms, 1300*ms, s).signal())
+		d := learnSignal(&st, &cfg, throttle(1400*ms, 1300*ms, s).signal())
 		assert.Equal(t, "throttled", d.Why)
-		var st2 ctlState
-		st2.learn(&cfg, throttle(0, 0, s).signal())
+		var st2 control.State
+		learnSignal(&st2, &cfg, throttle(0, 0, s).signal())
 		spends(&st2, &cfg, s)
-		d = st2.learn(&cfg, throttle(1100*ms, s, s).signal())
+		d = learnSignal(&st2, &cfg, throttle(1100*ms, s, s).signal())
 		assert.Equal(t, "storm", d.Why)
 	})
 }
@@ -1736,43 +1660,43 @@ func TestControllerProbesAfterAHold(t *testing.T) {
 func TestControllerTriesBackARateAccepted(t *testing.T) {
 	const ms, s = time.Millisecond, time.Second
 	at := func(d time.Duration) time.Time { return ctlEpoch.Add(d) }
-	accepted := func(st *ctlState, cfg *learnConfig, from, to time.Duration, r float64) {
+	accepted := func(st *control.State, cfg *control.Config, from, to time.Duration, r float64) {
 		for d := from; d < to; d += time.Duration(float64(s) / r) {
-			st.learn(cfg, ok(d+2*ms, d).signal())
+			learnSignal(st, cfg, ok(d+2*ms, d).signal())
 		}
 	}
 	t.Run("a limit that fell", func(t *testing.T) {
-		cfg := defaultLearn(PerSecond(100))
-		st := new(ctlState)
+		cfg := control.DefaultConfig(100)
+		st := new(control.State)
 		accepted(st, &cfg, 0, 1200*ms, 100)
-		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
-		require.InDelta(t, 70, st.rate(&cfg, at(1203*ms)), 0.5, "the first throttle: by beta")
-		require.Equal(t, 100.0, st.good, "the rate accepted for a second")
+		learnSignal(st, &cfg, throttle(1202*ms, 1200*ms, s).signal())
+		require.InDelta(t, 70, st.Rate(&cfg, at(1203*ms)), 0.5, "the first throttle: by beta")
+		require.Equal(t, 100.0, st.Good, "the rate accepted for a second")
 		// Early in the climb back: by beta twice.
-		st.learn(&cfg, throttle(2502*ms, 2500*ms, s).signal())
-		low := st.rate(&cfg, at(2503*ms))
+		learnSignal(st, &cfg, throttle(2502*ms, 2500*ms, s).signal())
+		low := st.Rate(&cfg, at(2503*ms))
 		require.InDelta(t, 37.0, low, 0.5, "beta twice of the climb at 75.5/s")
-		require.Equal(t, at(3502*ms+2*s), st.back, "two holds after the last hold's end")
-		assert.Less(t, st.rate(&cfg, st.back.Add(-ms)), 50.0, "the climb, before")
-		assert.InDelta(t, 95, st.rate(&cfg, st.back), 0.01, "from then on, a twentieth under the rate accepted before")
-		assert.InDelta(t, 100, st.rate(&cfg, st.back.Add(2*s)), 0.5, "climbing back to it")
+		require.Equal(t, at(3502*ms+2*s), st.Back, "two holds after the last hold's end")
+		assert.Less(t, st.Rate(&cfg, st.Back.Add(-ms)), 50.0, "the climb, before")
+		assert.InDelta(t, 95, st.Rate(&cfg, st.Back), 0.01, "from then on, a twentieth under the rate accepted before")
+		assert.InDelta(t, 100, st.Rate(&cfg, st.Back.Add(2*s)), 0.5, "climbing back to it")
 
 		// Each try refused waits twice as long as the last, and lowers
 		// nothing below the climb; the throttles to requests sent before
 		// the refusal lower nothing either.
-		next := st.back
+		next := st.Back
 		for i, wait := range []time.Duration{4 * s, 8 * s} {
 			now := next.Sub(ctlEpoch) + 12*ms
-			d := st.learn(&cfg, throttle(now, now-2*ms, s).signal())
+			d := learnSignal(st, &cfg, throttle(now, now-2*ms, s).signal())
 			require.False(t, d.Hold.IsZero(), "try %d: the throttle holds the key", i)
 			assert.Equal(t, "throttled", d.Why, "try %d", i)
 			assert.InDelta(t, 95, d.Old.PerSecond(), 0.5, "try %d", i)
 			assert.Less(t, d.New.PerSecond(), 70.0, "try %d: back to the climb", i)
 			assert.Greater(t, d.New.PerSecond(), low-1, "try %d: not below it", i)
-			require.Equal(t, at(now+s).Add(wait), st.back, "try %d: twice as long", i)
-			st.learn(&cfg, throttle(now+5*ms, now-ms, s).signal())
-			require.Equal(t, at(now+s).Add(wait), st.back, "try %d: a throttle to a request sent before moves nothing", i)
-			next = st.back
+			require.Equal(t, at(now+s).Add(wait), st.Back, "try %d: twice as long", i)
+			learnSignal(st, &cfg, throttle(now+5*ms, now-ms, s).signal())
+			require.Equal(t, at(now+s).Add(wait), st.Back, "try %d: a throttle to a request sent before moves nothing", i)
+			next = st.Back
 		}
 	})
 	t.Run("a limit that did not move", func(t *testing.T) {
@@ -1780,56 +1704,85 @@ func TestControllerTriesBackARateAccepted(t *testing.T) {
 		// throttles, and every try. Five tries, each wait twice the last
 		// at least (a throttle of the climb counts the next from its
 		// hold), then none.
-		cfg := defaultLearn(PerSecond(100))
-		st := new(ctlState)
+		cfg := control.DefaultConfig(100)
+		st := new(control.State)
 		accepted(st, &cfg, 0, 1200*ms, 100)
-		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
+		learnSignal(st, &cfg, throttle(1202*ms, 1200*ms, s).signal())
 		var tries []time.Duration
 		for d := 1210 * ms; d < 300*s; d += 10 * ms {
-			if now := at(d); !st.hold.After(now) && st.rate(&cfg, now) > 44 {
-				if st.learn(&cfg, throttle(d+2*ms, d, s).signal()).Old.PerSecond() >= 90 {
+			if now := at(d); !st.Hold.After(now) && st.Rate(&cfg, now) > 44 {
+				if learnSignal(st, &cfg, throttle(d+2*ms, d, s).signal()).Old.PerSecond() >= 90 {
 					tries = append(tries, d)
 				}
 			}
 		}
 		require.Len(t, tries, 5, "tries at %v", tries)
 		for i := 1; i < len(tries); i++ {
-			assert.GreaterOrEqual(t, tries[i]-tries[i-1], s+time.Duration(backHolds<<i)*s, "try %d", i)
+			assert.GreaterOrEqual(t, tries[i]-tries[i-1], s+time.Duration(control.BackHolds<<i)*s, "try %d", i)
 		}
-		assert.Zero(t, st.good)
+		assert.Zero(t, st.Good)
 	})
 	t.Run("the try accepted", func(t *testing.T) {
-		cfg := defaultLearn(PerSecond(100))
-		st := new(ctlState)
+		cfg := control.DefaultConfig(100)
+		st := new(control.State)
 		accepted(st, &cfg, 0, 1200*ms, 100)
-		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
-		st.learn(&cfg, throttle(2502*ms, 2500*ms, s).signal())
-		back := st.back.Sub(ctlEpoch)
+		learnSignal(st, &cfg, throttle(1202*ms, 1200*ms, s).signal())
+		learnSignal(st, &cfg, throttle(2502*ms, 2500*ms, s).signal())
+		back := st.Back.Sub(ctlEpoch)
 		accepted(st, &cfg, back, back+1500*ms, 100)
-		assert.InDelta(t, 100, st.rate(&cfg, at(back+1500*ms)), 0.5, "the rate stays")
-		d := st.learn(&cfg, throttle(back+1502*ms, back+1500*ms, s).signal())
+		assert.InDelta(t, 100, st.Rate(&cfg, at(back+1500*ms)), 0.5, "the rate stays")
+		d := learnSignal(st, &cfg, throttle(back+1502*ms, back+1500*ms, s).signal())
 		assert.InDelta(t, 70, d.New.PerSecond(), 0.5, "a throttle a second into the try: a decrease from it")
-		assert.Equal(t, 100.0, st.good)
-		assert.Equal(t, at(back+1502*ms+s+2*s), st.back, "tried again, two holds after")
+		assert.Equal(t, 100.0, st.Good)
+		assert.Equal(t, at(back+1502*ms+s+2*s), st.Back, "tried again, two holds after")
 	})
 	t.Run("a rate never accepted for a second", func(t *testing.T) {
-		cfg := defaultLearn(PerSecond(100))
-		st := new(ctlState)
+		cfg := control.DefaultConfig(100)
+		st := new(control.State)
 		accepted(st, &cfg, 0, 100*ms, 100)
-		st.learn(&cfg, throttle(102*ms, 100*ms, s).signal())
-		assert.Zero(t, st.good)
-		assert.Less(t, st.rate(&cfg, at(10*s)), 100.0, "no try")
+		learnSignal(st, &cfg, throttle(102*ms, 100*ms, s).signal())
+		assert.Zero(t, st.Good)
+		assert.Less(t, st.Rate(&cfg, at(10*s)), 100.0, "no try")
 	})
 	t.Run("a limit found again", func(t *testing.T) {
 		// At a limit that did not move: accepted at 50/s for a second, the
 		// climb refused at 55/s aims just under it. Nothing to try.
-		cfg := defaultLearn(PerSecond(100))
-		st := new(ctlState)
-		st.wmax, st.w0, st.climb = 50, 50, ctlEpoch
+		cfg := control.DefaultConfig(100)
+		st := new(control.State)
+		st.Wmax, st.W0, st.Climb = 50, 50, ctlEpoch
 		accepted(st, &cfg, 0, 1200*ms, 50)
-		st.learn(&cfg, throttle(1202*ms, 1200*ms, s).signal())
-		require.InDelta(t, 50.0, st.good, 0.5)
-		require.False(t, st.triesBack(at(10*s)), "the rate accepted is within backOver of the aim")
-		assert.Less(t, st.rate(&cfg, st.back), st.good)
+		learnSignal(st, &cfg, throttle(1202*ms, 1200*ms, s).signal())
+		require.InDelta(t, 50.0, st.Good, 0.5)
+		require.False(t, st.TriesBack(at(10*s)), "the rate accepted is within backOver of the aim")
+		assert.Less(t, st.Rate(&cfg, st.Back), st.Good)
 	})
+}
+
+// TestResponseReadsTheSignal: the controller's Scope and Shape take the
+// values of the root's Scope and ResetKind, and a Quota it reads carries
+// every field of the root's that it names, as the root's holds it.
+func TestResponseReadsTheSignal(t *testing.T) {
+	assert.Equal(t,
+		[]control.Scope{control.ScopeUnknown, control.ScopeQuota, control.ScopeOther, control.ScopeBilling},
+		[]control.Scope{control.Scope(ScopeUnknown), control.Scope(ScopeQuota), control.Scope(ScopeOther), control.Scope(ScopeBilling)})
+	assert.Equal(t,
+		[]control.Shape{control.ShapeUnknown, control.ShapeWindow, control.ShapeBucket},
+		[]control.Shape{control.Shape(ResetKindUnknown), control.Shape(ResetKindWindow), control.Shape(ResetKindBucket)})
+
+	q := Quota{Dimension: Requests, Limit: 10, HasLimit: true, Remaining: 3, HasRemaining: true,
+		Reset: 2 * time.Second, HasReset: true, Window: 5 * time.Second, HasWindow: true, Kind: ResetKindBucket}
+	got, want := reflect.ValueOf(q.control()), reflect.ValueOf(q)
+	for i := range got.NumField() {
+		name := got.Type().Field(i).Name
+		f := want.FieldByName(name)
+		require.True(t, f.IsValid(), "control.Quota.%s is a field of Quota", name)
+		require.False(t, got.Field(i).IsZero(), "control.Quota.%s is copied (the test sets every field)", name)
+		assert.EqualValues(t, f.Interface(), got.Field(i).Interface(), "control.Quota.%s", name)
+	}
+	s := Signal{Now: ctlEpoch, SentAt: ctlEpoch.Add(-time.Second), Status: 429, InFlight: 2,
+		RetryAfter: time.Second, HasRetryAfter: true, Scope: ScopeQuota, Quotas: []Quota{q}}
+	r := s.response()
+	assert.Equal(t, control.Response{Now: s.Now, SentAt: s.SentAt, Status: 429, InFlight: 2,
+		RetryAfter: time.Second, HasRetryAfter: true, Scope: control.ScopeQuota, Throttled: true,
+		Counts: true, Advertised: 2, Quota: q.control(), HasQuota: true}, r)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 )
 
 // holds are a Transport's own controllers, for a limiter that is not a
@@ -15,16 +16,16 @@ import (
 // atomic load while no key is held.
 type holds struct {
 	clock  *clock.Clock
-	learn  learnConfig  // no rate: nothing to discover or advertise
-	latest atomic.Int64 // the latest hold end in the table, UnixNano; 0 when empty
+	learn  control.Config // no rate: nothing to discover or advertise
+	latest atomic.Int64   // the latest hold end in the table, UnixNano; 0 when empty
 
 	mu      sync.Mutex
-	keys    map[string]*ctlState // guarded by mu
-	sweepAt int                  // guarded by mu; the size at which keys at rest are dropped
+	keys    map[string]*control.State // guarded by mu
+	sweepAt int                       // guarded by mu; the size at which keys at rest are dropped
 }
 
 func newHolds(clk *clock.Clock) *holds {
-	return &holds{clock: clk, learn: learnConfig{configured: noRate}, keys: make(map[string]*ctlState)}
+	return &holds{clock: clk, learn: control.Config{Configured: noRate}, keys: make(map[string]*control.State)}
 }
 
 // noRate is the rate of a key that has none: its next unit is due at once.
@@ -45,7 +46,7 @@ func (h *holds) remaining(key string) (time.Duration, time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if st, ok := h.keys[key]; ok {
-		return max(st.hold.Sub(now), 0), now
+		return max(st.Hold.Sub(now), 0), now
 	}
 	return 0, now
 }
@@ -64,12 +65,13 @@ func (h *holds) Learn(_ context.Context, key string, s Signal) Decision {
 			}
 			h.sweepAt = max(64, 2*len(h.keys))
 		}
-		st = &ctlState{}
+		st = &control.State{}
 		h.keys[key] = st
 	}
-	d := st.learn(&h.learn, &s)
+	r := s.response()
+	d := st.Learn(&h.learn, &r)
 	if !d.Hold.IsZero() {
 		h.latest.Store(max(h.latest.Load(), d.Hold.UnixNano()))
 	}
-	return d
+	return decided(d)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 )
 
 func TestHoldsRemaining(t *testing.T) {
@@ -145,9 +146,9 @@ func TestCooldownWhatPausesAKey(t *testing.T) {
 		{"429 with an HTTP-date Retry-After", rtyA(429, "Retry-After", limiterEpoch.Add(30*time.Second).Format(http.TimeFormat)), nil, 30 * time.Second},
 		// Remaining 0 on a success, from a provider whose reset's meaning is
 		// not known yet: a short hold, and the next request tells.
-		{"200 with X-RateLimit-Remaining 0 and Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), nil, probeHold},
-		{"200 with an epoch X-RateLimit-Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", fmt.Sprint(limiterEpoch.Add(4*time.Second).Unix())), nil, probeHold},
-		{"200 with the structured RateLimit field", rtyA(200, "RateLimit", `"default";r=0;t=5`), nil, probeHold},
+		{"200 with X-RateLimit-Remaining 0 and Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), nil, control.ProbeHold},
+		{"200 with an epoch X-RateLimit-Reset", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", fmt.Sprint(limiterEpoch.Add(4*time.Second).Unix())), nil, control.ProbeHold},
+		{"200 with the structured RateLimit field", rtyA(200, "RateLimit", `"default";r=0;t=5`), nil, control.ProbeHold},
 		{"200 with Remaining 0 and a reset sooner than the probe", rtyA(200, "RateLimit", `"default";r=0;t=0.05`), nil, 50 * time.Millisecond},
 		{"Retry-After with Remaining 0: the Retry-After", rtyA(429, "Retry-After", "1", "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "3"), nil, time.Second},
 		{"429 with Retry-After over the default cap: two minutes", rtyA(429, "Retry-After", "86400"), nil, 2 * time.Minute},
@@ -396,7 +397,7 @@ func TestRealTimeCooldownHoldsTheKey(t *testing.T) {
 		{"429 with Retry-After: 1", rtyA(429, "Retry-After", "1"), time.Second},
 		// A provider whose reset's meaning is not known yet: a short hold,
 		// and the next request tells (see TestControllerSteps).
-		{"200 with X-RateLimit-Remaining: 0 and X-RateLimit-Reset: 1", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), probeHold},
+		{"200 with X-RateLimit-Remaining: 0 and X-RateLimit-Reset: 1", rtyA(200, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1"), control.ProbeHold},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -25,7 +25,7 @@ import (
 // burst), and after, those of requests sent once answers were coming
 // back. The requests in flight count against the remaining quota the
 // provider last reported (Signal.InFlight, and the budget a report
-// leaves, see ctlState.report), so that a dialect with a reset takes at
+// leaves, see control.State.report), so that a dialect with a reset takes at
 // most a couple of refusals after the first answer, however many requests
 // are in flight when "nothing left" comes back, and then stays within the
 // limit while using most of it.

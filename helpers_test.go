@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 )
 
 // promptBound is how soon a call that must not wait has to return. The calls
@@ -702,4 +703,10 @@ func probeWouldWait(t *testing.T, l Limiter, key string) time.Duration {
 // and its Go twin run on the same instants.
 func onClock(fc *clock.Fake) LimiterOption {
 	return limiterOpt("onClock", sharedRate, func(s *limiterSettings) { s.redis.clock = fc })
+}
+
+// learnSignal applies s to a key's controller state st, as a limiter does.
+func learnSignal(st *control.State, cfg *control.Config, s *Signal) Decision {
+	r := s.response()
+	return decided(st.Learn(cfg, &r))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/keyed"
 )
 
@@ -34,9 +35,9 @@ import (
 type LeakyBucket struct {
 	rate  Rate
 	depth int
-	learn learnConfig
+	learn control.Config
 	clock clock.Clock
-	seed  func(key string, now time.Time) *ctlState // a new key's controller state; nil: none
+	seed  func(key string, now time.Time) *control.State // a new key's controller state; nil: none
 
 	mu    sync.Mutex
 	lanes keyed.Map[*lane] // guarded by mu
@@ -44,12 +45,12 @@ type LeakyBucket struct {
 
 // lane is one key's queue. All its fields are guarded by the bucket's mu.
 type lane struct {
-	next   time.Time    // the earliest time the next release may happen
-	queue  []*waiter    // waiting requests, in order of arrival; queue[0] is the head
-	queued int          // the sum of the costs of the waiters in queue not gone
-	tombs  int          // waiters in queue that are gone (left, not yet dropped)
-	ctl    *ctlState    // nil while the key has learnt nothing
-	learn  *learnConfig // the limiter's
+	next   time.Time       // the earliest time the next release may happen
+	queue  []*waiter       // waiting requests, in order of arrival; queue[0] is the head
+	queued int             // the sum of the costs of the waiters in queue not gone
+	tombs  int             // waiters in queue that are gone (left, not yet dropped)
+	ctl    *control.State  // nil while the key has learnt nothing
+	learn  *control.Config // the limiter's
 }
 
 // waiter is a request in a lane's queue. Only its own goroutine releases it.
@@ -88,7 +89,7 @@ func NewLeakyBucket(r Rate, queueDepth int, opts ...LimiterOption) (*LeakyBucket
 // newLeakyBucket is NewLeakyBucket for settings known to be valid, learning
 // as by default.
 func newLeakyBucket(r Rate, queueDepth int) *LeakyBucket {
-	return &LeakyBucket{rate: r, depth: queueDepth, learn: defaultLearn(r), clock: clock.Real{}, lanes: keyed.New[*lane]()}
+	return &LeakyBucket{rate: r, depth: queueDepth, learn: control.DefaultConfig(r.PerSecond()), clock: clock.Real{}, lanes: keyed.New[*lane]()}
 }
 
 // Wait implements Limiter: it waits for the request's turn in key's queue.
@@ -218,24 +219,24 @@ func (lb *LeakyBucket) leave(key string, w *waiter) {
 }
 
 // spend spends cost units of l's budget for a release at now at its turn
-// turn (see ctlState.spend); when they are not there, the key is held and
+// turn (see control.State.Spend); when they are not there, the key is held and
 // its next release moves to the hold's end. The caller holds mu.
 func (lb *LeakyBucket) spend(l *lane, now, turn time.Time, cost int) bool {
-	if l.ctl == nil || l.ctl.spend(now, turn, cost, l.ctl.rate(&lb.learn, now)) {
+	if l.ctl == nil || l.ctl.Spend(now, turn, cost, l.ctl.Rate(&lb.learn, now)) {
 		return true
 	}
-	l.next = maxTime(l.next, l.ctl.hold)
+	l.next = clock.Later(l.next, l.ctl.Hold)
 	return false
 }
 
 // after returns the next release after one whose gap ends at next: next,
 // or the end of the key's hold when a probe after a hold set one (see
-// ctlState.spend). The caller holds mu.
+// control.State.Spend). The caller holds mu.
 func (lb *LeakyBucket) after(l *lane, next time.Time) time.Time {
 	if l.ctl == nil {
 		return next
 	}
-	return maxTime(next, l.ctl.hold)
+	return clock.Later(next, l.ctl.Hold)
 }
 
 // pop removes the head, drops the gone waiters behind it, and wakes the new
@@ -287,24 +288,25 @@ func (lb *LeakyBucket) EffectiveRate(key string) Rate {
 }
 
 // Learn implements Learner: key's controller applies what a response said
-// (see controller.go). A hold moves the key's next release to its end; the
+// (see internal/control). A hold moves the key's next release to its end; the
 // queue then drains at the rate from there.
 func (lb *LeakyBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	l := lb.lane(key, lb.clock.Now())
 	if l.ctl == nil {
-		l.ctl = &ctlState{}
+		l.ctl = &control.State{}
 	}
-	d := l.ctl.learn(&lb.learn, &s)
+	r := s.response()
+	d := l.ctl.Learn(&lb.learn, &r)
 	if !d.Hold.IsZero() {
-		l.next = maxTime(l.next, d.Hold)
+		l.next = clock.Later(l.next, d.Hold)
 	}
-	if d.drain && d.keep < 0 {
+	if d.Drain && d.Keep < 0 {
 		// The requests in flight owe the provider's bucket -keep units:
 		// the next release waits for them to refill.
-		owed := time.Duration(-d.keep / l.ctl.rate(&lb.learn, s.Now) * float64(time.Second))
-		l.next = maxTime(l.next, s.Now.Add(owed))
+		owed := time.Duration(-d.Keep / l.ctl.Rate(&lb.learn, s.Now) * float64(time.Second))
+		l.next = clock.Later(l.next, s.Now.Add(owed))
 	}
-	return d
+	return decided(d)
 }

@@ -466,14 +466,14 @@ func (l *Limits) regrant(w *limitsWaiter, now time.Time) {
 	for i := range l.limits {
 		lim := &l.limits[i]
 		if c := w.cost.Of(lim.dim); c > 0 {
-			at = maxTime(at, l.state(i, w.key, now).earliest(lim, c, now, l.margin))
+			at = clock.Later(at, l.state(i, w.key, now).earliest(lim, c, now, l.margin))
 		}
 	}
 	// Never later than the turn it had, which still fits: the turns
 	// before it moved sooner or stayed. (Only a hold learnt after the
 	// turn was given could ask for later, and a waiter keeps its turn
 	// through such a hold, as it did before.)
-	at = minTime(at, w.at)
+	at = clock.Earlier(at, w.at)
 	for i := range l.limits {
 		if c := w.cost.Of(l.limits[i].dim); c > 0 {
 			l.state(i, w.key, now).log.Insert(at, c) // a window: replan moves no bucket's turn

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/egress-go/egress/internal/clock"
 )
 
 // How a Limits plans a request whose turn lies beyond its budget.
@@ -84,7 +86,7 @@ func (s *settleStats) expect(at time.Time, est int, now time.Time) (int, time.Ti
 	if now.After(due.Add(s.tts + 4*s.dev)) {
 		return est, time.Time{}
 	}
-	return min(est, int(math.Ceil(float64(est)*s.ratio))), maxTime(due, now)
+	return min(est, int(math.Ceil(float64(est)*s.ratio))), clock.Later(due, now)
 }
 
 // openGrant is a grant given in a window and not yet settled.
@@ -227,7 +229,7 @@ func (l *Limits) giveUpLocked(w *limitsWaiter, g Grant, b budget, start, now tim
 	if e, eb, ok := l.expectLocked(w.key, w.cost, now); ok && e.Before(at) {
 		at, binding = e, eb
 	}
-	return b.refuseAt(start, w.key, l.bindingCost(w.cost, binding), maxTime(at, now).Sub(start))
+	return b.refuseAt(start, w.key, l.bindingCost(w.cost, binding), clock.Later(at, now).Sub(start))
 }
 
 // turnLocked returns the turn reserve would give a request of cost at
@@ -300,7 +302,7 @@ func (l *Limits) expectLocked(key string, cost Cost, now time.Time) (at time.Tim
 	}
 	for _, w := range ws {
 		t, _ := p.earliest(w.key, w.cost)
-		p.place(w.key, w.cost, minTime(t, w.at)) // as replan would: never later
+		p.place(w.key, w.cost, clock.Earlier(t, w.at)) // as replan would: never later
 	}
 	at, binding = p.earliest(key, cost)
 	return at, binding, true
@@ -472,7 +474,7 @@ type planEvent struct {
 func (s *planState) earliest(c int, from time.Time) time.Time {
 	at := from
 	if len(s.es) > 0 {
-		at = maxTime(at, s.es[len(s.es)-1].at)
+		at = clock.Later(at, s.es[len(s.es)-1].at)
 	}
 	sum := 0
 	var evs []planEvent

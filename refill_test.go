@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egress-go/egress/internal/control"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -93,9 +94,9 @@ func TestRefillSteps(t *testing.T) {
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var f refill
+			var f control.Refill
 			for i, s := range tc.steps {
-				got := f.observe(s.q, s.bucket)
+				got := f.Observe(s.q.control(), s.bucket)
 				assert.InDelta(t, s.want, got, s.want/1000+1e-9, "step %d: %+v", i, s.q)
 			}
 		})
@@ -120,7 +121,7 @@ func TestRefillConverges(t *testing.T) {
 		t.Run(fmt.Sprintf("%vper%v_rate%v_res%v", tc.capacity, tc.capacity/tc.rate, tc.rate, tc.res), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(tc.capacity)))
 			b := &simBucket{capacity: tc.capacity, rate: tc.rate, level: tc.capacity}
-			var f refill
+			var f control.Refill
 			limit, at := 0.0, time.Duration(0)
 			reached := time.Duration(-1)
 			horizon := time.Duration(tc.capacity/tc.rate*float64(time.Second)) + 2*time.Second
@@ -132,9 +133,9 @@ func TestRefillConverges(t *testing.T) {
 				gap := time.Duration(float64(time.Second) / send * (0.9 + 0.2*rng.Float64()))
 				at += gap
 				_, q := b.take(at, tc.res)
-				limit = f.observe(q, true)
+				limit = f.Observe(q.control(), true)
 				if limit > 0 {
-					assert.LessOrEqual(t, limit, tc.rate*refillSlack, "at %v", at)
+					assert.LessOrEqual(t, limit, tc.rate*control.RefillSlack, "at %v", at)
 				}
 				if reached < 0 && limit >= 0.95*tc.rate && limit <= tc.rate*1.05 {
 					reached = at
@@ -152,11 +153,11 @@ func TestRefillConverges(t *testing.T) {
 func TestRefillHostile(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	values := []float64{0, 1, 2, 5, 1e9, 1e300, math.MaxFloat64, 0.5}
-	var f refill
+	var f control.Refill
 	for range 10000 {
 		q := Quota{Limit: values[rng.IntN(len(values))], HasLimit: true, Remaining: values[rng.IntN(len(values))], HasRemaining: true,
 			Reset: time.Duration(rng.Int64N(int64(time.Minute))), HasReset: true, Kind: ResetKindBucket}
-		r := f.observe(q, true)
+		r := f.Observe(q.control(), true)
 		if math.IsInf(r, 0) || math.IsNaN(r) || r < 0 {
 			t.Fatalf("limit %v after %+v", r, q)
 		}
@@ -190,7 +191,7 @@ func TestBucketBounds(t *testing.T) {
 		{"a count too large", q(math.MaxFloat64, 0, 20*time.Millisecond), 0, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lo, hi, ok := bucketBounds(tc.q)
+			lo, hi, ok := control.BucketBounds(tc.q.control())
 			require.Equal(t, tc.ok, ok)
 			assert.InDelta(t, tc.lo, lo, tc.lo*1e-6)
 			if math.IsInf(tc.hi, 1) {

@@ -46,7 +46,7 @@ type controlArgv struct {
 	probeGap   int64   `argv:"29"` // us
 	probes     int     `argv:"30"`
 	sign       int     `argv:"31"` // 1: a sign of a storm
-	long       int     `argv:"32"` // 1: a long hold (longHold)
+	long       int     `argv:"32"` // 1: a long hold (control.LongHold)
 }
 
 // reserveArgv is reserve.lua's fixed ARGV; a group a request follows it

@@ -163,7 +163,7 @@ func tags(slots []argvSlot) []string {
 // argvCase is one operation's types of a script's ARGV, for
 // TestScriptArgsMatchHeaders.
 type argvCase struct {
-	script string // its file in internal/lua
+	script string // its file in internal/lua, or a path from the root
 	op     string // the operation, for a script of several; "" for none
 	fixed  []any  // pointers to the types of the fixed arguments, in order
 	each   any    // a pointer to the type of each repeated group; nil for none
@@ -180,7 +180,7 @@ func TestScriptArgsMatchHeaders(t *testing.T) {
 	covered := map[string][]string{}
 	for _, tc := range argvCases() {
 		name := tc.script + " " + tc.op
-		src, err := os.ReadFile(filepath.Join("internal", "lua", tc.script))
+		src, err := os.ReadFile(scriptPath(tc.script))
 		require.NoError(t, err)
 		header, ok := headerArgv(t, string(src))[tc.op]
 		require.True(t, ok, "%s: the header describes the operation", name)
@@ -192,10 +192,18 @@ func TestScriptArgsMatchHeaders(t *testing.T) {
 		}
 	}
 	for script, ops := range covered {
-		src, err := os.ReadFile(filepath.Join("internal", "lua", script))
+		src, err := os.ReadFile(scriptPath(script))
 		require.NoError(t, err)
 		assert.Len(t, headerArgv(t, string(src)), len(ops), "%s: a type for each operation of its header", script)
 	}
+}
+
+// scriptPath is the path of a script named as argvCase.script names it.
+func scriptPath(script string) string {
+	if filepath.Base(script) == script {
+		return filepath.Join("internal", "lua", script)
+	}
+	return script
 }
 
 // argvWalk returns the values of tc's types for L limits, in order: the
@@ -252,7 +260,7 @@ func checkArgvIndices(t *testing.T, name string, tc argvCase, defs map[string]st
 // argvCases returns the types of each script's ARGV, by operation.
 func argvCases() []argvCase {
 	return []argvCase{
-		{script: "control.lua", fixed: []any{&controlArgv{}}},
+		{script: "internal/control/control.lua", fixed: []any{&controlArgv{}}},
 		{script: "reserve.lua", fixed: []any{&reserveArgv{}}, each: &reserveRequest{}},
 		{script: "heartbeat.lua", fixed: []any{&heartbeatArgv{}}},
 		{script: "slots.lua", op: "acquire", fixed: []any{&slotsOp{}, &slotsAcquire{}}},

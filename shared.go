@@ -21,6 +21,7 @@ import (
 	"github.com/egress-go/egress/internal/announce"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/lua"
 )
@@ -74,7 +75,7 @@ func NewSharedTokenBucket(rdb redis.UniversalClient, name string, r Rate, burst 
 	}
 	s.shape, s.burst, s.capacity, s.depth = "tb", burst, burst, -1
 	s.usable = float64(burst) - jitterMargin(r, burst, s.cfg.learn.transitMargin())
-	s.learn.burst = s.usable
+	s.learn.Burst = s.usable
 	s.local = func(share Rate) Limiter { return s.fallbackBucket(share) }
 	s.start()
 	return &SharedTokenBucket{s}, nil
@@ -150,7 +151,7 @@ type shared struct {
 	onMoved  func(id, payload string) // a SharedLimits' moved turns, "<key id> m <payload>"; nil for others
 	coalesce bool                     // false only in measurements
 
-	learn                                         learnConfig
+	learn                                         control.Config
 	reserveScript, controlScript, heartbeatScript *redis.Script
 
 	calls                caller.Caller // how it waits for Redis
@@ -247,7 +248,7 @@ type retimings struct {
 // retiming is one change: a lowering (or, factor below 1, a raise) and
 // the script's number for it.
 type retiming struct {
-	lowering
+	control.Lowering
 	seq uint64
 }
 
@@ -260,7 +261,7 @@ func (r *retimings) add(at, from time.Time, factor float64, seq uint64) bool {
 		return false
 	}
 	copy(r.ring[1:], r.ring[:len(r.ring)-1])
-	r.ring[0] = retiming{lowering{at: at, from: maxTime(at, from), factor: factor}, seq}
+	r.ring[0] = retiming{control.Lowering{At: at, From: clock.Later(at, from), Factor: factor}, seq}
 	r.n = min(r.n+1, len(r.ring))
 	r.last = at
 	close(r.moved)
@@ -277,14 +278,14 @@ func (r *retimings) apply(due time.Time, applied uint64, since time.Time) (time.
 	for {
 		next := -1
 		for i := range r.n {
-			if e := r.ring[i]; e.seq > applied && !e.at.Before(since) && (next < 0 || e.seq < r.ring[next].seq) {
+			if e := r.ring[i]; e.seq > applied && !e.At.Before(since) && (next < 0 || e.seq < r.ring[next].seq) {
 				next = i
 			}
 		}
 		if next < 0 {
 			return due, applied
 		}
-		due, applied = r.ring[next].move(due), r.ring[next].seq
+		due, applied = r.ring[next].Move(due), r.ring[next].seq
 	}
 }
 
@@ -314,7 +315,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 	if err != nil {
 		return nil, err
 	}
-	lc.fleet = true // (its burst: the usable one, once known)
+	lc.Fleet = true // (its burst: the usable one, once known)
 	var id [8]byte
 	rand.Read(id[:])
 	s := &shared{
@@ -548,7 +549,7 @@ func (s *shared) retime(id string, factor float64, now, from time.Time, seq uint
 		return
 	}
 	if l, ok := s.lanes.M[id]; ok {
-		l.retime(maxTime(now, from), factor, seq)
+		l.retime(clock.Later(now, from), factor, seq)
 	}
 }
 
@@ -768,7 +769,7 @@ func (s *shared) hear(payload string) {
 				p.end = end
 			}
 		case strings.HasPrefix(f, "p"):
-			if k, err := strconv.Atoi(f[1:]); err == nil && k >= 0 && k <= stormProbes {
+			if k, err := strconv.Atoi(f[1:]); err == nil && k >= 0 && k <= control.StormProbes {
 				p.probes = k
 			}
 		}

@@ -11,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 )
 
 // Coalescing: concurrent waiters of one key in one process share a script
@@ -108,12 +110,12 @@ type heldTurn struct {
 // these are a bound for the process's own calls, which the script checks.)
 // The caller holds mu.
 func (l *batchLane) retime(from time.Time, factor float64, seq uint64) {
-	change := lowering{from: from, factor: factor}
+	change := control.Lowering{From: from, Factor: factor}
 	move := func(at time.Time, moves uint64) time.Time {
 		if moves >= seq {
 			return at
 		}
-		return change.move(at)
+		return change.Move(at)
 	}
 	for i := range l.turns {
 		l.turns[i].at = move(l.turns[i].at, l.turns[i].moves)
@@ -238,9 +240,9 @@ func (s *shared) refusedAtOnce(id string, l *batchLane, p *pending, now time.Tim
 	// a reply. Counting the time their turns span instead refused
 	// callers while fewer waited, after a rise of the rate or a
 	// spent budget's hold, and they came back at once, in a loop.
-	from := maxTime(now, l.paused)
+	from := clock.Later(now, l.paused)
 	if pm, ok := s.pauses[id]; ok {
-		from = maxTime(from, pm.until)
+		from = clock.Later(from, pm.until)
 	}
 	switch {
 	case s.depth >= 0 && l.queueFull(now, from, p.cost, s.depth):
@@ -330,7 +332,7 @@ func (s *shared) nextCall(id string, l *batchLane) (due time.Time, moved <-chan 
 	}
 	now := s.clock.Now()
 	r := s.retimingsLocked(id, now)
-	r.last = maxTime(r.last, now)
+	r.last = clock.Later(r.last, now)
 	moved = r.moved
 	s.mu.Unlock()
 	return due, moved
@@ -434,8 +436,8 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 	first = ok && ln.called.IsZero()
 	a := reserveArgv{
 		configured: s.rate.PerSecond(), usable: s.usable, most: s.usableAt(id, now), depth: s.depth,
-		discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor,
-		probeHold: micros(probeHold), channel: s.keyChannel(id), id: id, read: -1,
+		discover: b2i(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor,
+		probeHold: micros(control.ProbeHold), channel: s.keyChannel(id), id: id, read: -1,
 	}
 	var rep *budgetReport
 	if l, ok := s.learnt.M[id]; ok {
@@ -547,15 +549,15 @@ func pauseOf(reply any) time.Duration {
 
 // pausedByBudget notes that key id is held for left, as a reservation
 // said: when the key's shape is not known yet, the hold may be the
-// budget's (see ctlState.spend), and the answer to the probe sent after
+// budget's (see control.State.Spend), and the answer to the probe sent after
 // it tells the shape, so that answer goes to the control script (see
 // Learn).
 func (s *shared) pausedByBudget(id string, left time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	if l, ok := s.learnt.M[id]; ok && l.shape == shapeUnknown && !l.zeroUntil.After(now) {
-		l.zeroAt, l.zeroUntil = now, now.Add(left+2*probeHold)
+	if l, ok := s.learnt.M[id]; ok && l.shape == control.ShapeUnknown && !l.zeroUntil.After(now) {
+		l.zeroAt, l.zeroUntil = now, now.Add(left+2*control.ProbeHold)
 	}
 }
 

@@ -11,7 +11,7 @@ package egress
 // "f<level>:<tenant>", "u<level>:<tenant>".)
 
 // A key's learnt state, the hash redisKeys names "rate" (rate.lua's
-// header; controller.go's ctlState, field for field): the advertised
+// header; internal/control's State, field for field): the advertised
 // limit and discovery's climb back after a decrease.
 const (
 	fieldAdv   = "adv"   // the advertised limit
@@ -19,7 +19,7 @@ const (
 	fieldWmax  = "wmax"  // the rate the climb back aims at
 	fieldW0    = "w0"    // the rate right after the last decrease
 	fieldClimb = "climb" // when the climb starts: the decrease, or the end of the hold it came with
-	fieldPl    = "pl"    // the seconds the climb stays at its aim before it grows beyond (plateauFor; absent: none)
+	fieldPl    = "pl"    // the seconds the climb stays at its aim before it grows beyond (internal/control's plateauFor; absent: none)
 	fieldDec   = "dec"   // when the last decrease was decided (or the last turn given before it)
 	fieldGd    = "gd"    // a rate the fleet was accepted at for a second before a throttle without counts (good)
 	fieldBk    = "bk"    // when the fleet tries gd again (back)
@@ -27,7 +27,7 @@ const (
 )
 
 // A key's learnt state: what its reset means (its shape), and what tells
-// it (controller.go's learnShape and bucketHold).
+// it (internal/control's learnShape and bucketHold).
 const (
 	fieldShape = "shape" // what the key's reset means: 0 unknown, 1 a window, 2 a bucket
 	fieldZat   = "zat"   // when a "remaining 0" was last seen
@@ -41,7 +41,7 @@ const (
 )
 
 // A key's learnt state: storms, and the probes after a hold that a
-// throttle without counts set (controller.go's storm; control.lua sets
+// throttle without counts set (internal/control's Storm; control.lua sets
 // them, reserve.lua grants the probes).
 const (
 	fieldStorm = "storm" // until when throttles without counts are believed not to be about the quota
@@ -54,7 +54,7 @@ const (
 )
 
 // A key's learnt state: the budget a report of a window's quota leaves
-// the fleet (controller.go's ctlState.report and spend), and the rings
+// the fleet (internal/control's State.report and Spend), and the rings
 // that count the fleet's turns and refusals (rate.lua's tally).
 const (
 	fieldBud    = "bud"    // the units the fleet may still be granted before budu
@@ -63,14 +63,14 @@ const (
 	fieldBudr   = "budr"   // the provider's remaining that the report stated
 	fieldBudres = "budres" // the resolution the report's reset was read to
 	fieldHist   = "hist"   // since when the ring of grants records them (the key's first grant)
-	fieldHend   = "hend"   // the latest turn given in the key's first second before any refusal (see collides)
+	fieldHend   = "hend"   // the latest turn given in the key's first second before any refusal (see internal/control's collides)
 	fieldG      = "g"      // the ring of grants: g0, g1, ... (ringSize slots of ringSlot), "<slot>:<units>"
 	fieldF      = "f"      // the ring of refusals, by send time: f0 .. f3 (a meterSlot each), "<slot>:<count>"
 	fieldRts    = "rts"    // how many changes of the rate have moved the turns given (retime)
 )
 
 // A key's learnt state: what a bucket's counts show (rate.lua's drain;
-// controller.go's roomy and drainMark).
+// internal/control's roomy and DrainMark).
 const (
 	fieldRoom  = "room"  // when a bucket's count last showed room
 	fieldRoomr = "roomr" // the rate then

@@ -9,10 +9,11 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/control"
 )
 
 // The shared limiters keep a key's controller state in Redis beside its
-// bucket (see controller.go and internal/lua/control.lua): the reservation
+// bucket (see internal/control and its control.lua): the reservation
 // script reads the learnt rate and the hold on every decision, so one
 // instance's lesson holds for the fleet at once. Each instance keeps a
 // little of it too (learntRate): the rate and shape the last reply said,
@@ -21,23 +22,23 @@ import (
 // learntRate is what this instance knows of a key's controller. Guarded by
 // the shared limiter's mu.
 type learntRate struct {
-	rate       float64   // units per second, from the last script reply
-	seen       time.Time // when
-	shape      shape     // from the last control reply
-	zeroAt     time.Time // a "remaining 0" this instance sent to Redis
-	zeroUntil  time.Time // its reset
-	advertised float64   // the advertised limit this instance last wrote
-	wrote      time.Time // when
-	meter      meter
-	storm      storm
-	probes     [stormProbes]time.Time // the turns of this instance's last probes (see storm)
-	report     *budgetReport          // the latest count for the key's budget not yet sent to Redis
-	refill     refill                 // a bucket's rate, measured from its reports when it states none
-	start      windowStart            // when a window that sends no reset began (see Quota.impliedReset)
+	rate       float64       // units per second, from the last script reply
+	seen       time.Time     // when
+	shape      control.Shape // from the last control reply
+	zeroAt     time.Time     // a "remaining 0" this instance sent to Redis
+	zeroUntil  time.Time     // its reset
+	advertised float64       // the advertised limit this instance last wrote
+	wrote      time.Time     // when
+	meter      control.Meter
+	storm      control.Storm
+	probes     [control.StormProbes]time.Time // the turns of this instance's last probes (see storm)
+	report     *budgetReport                  // the latest count for the key's budget not yet sent to Redis
+	refill     control.Refill                 // a bucket's rate, measured from its reports when it states none
+	start      control.WindowStart            // when a window that sends no reset began (see Quota.impliedReset)
 }
 
 // budgetReport is a response's count that sets a key's budget (see
-// ctlState.report), or drains the fleet's bucket when the provider
+// control.State.report), or drains the fleet's bucket when the provider
 // refills continuously (Decision.drain), waiting to go to Redis with the
 // key's next reservation: no round trip of its own.
 type budgetReport struct {
@@ -47,7 +48,7 @@ type budgetReport struct {
 	read      time.Time     // when the response was read
 	sent      time.Time     // when its request was sent; zero when unknown
 	inFlight  float64       // the fleet's requests in flight, as estimated without the ring
-	kind      ResetKind     // what the reset means, as the dialect says
+	kind      control.Shape // what the reset means, as the dialect says
 	limit     float64       // the quota's limit; -1 when it states none
 }
 
@@ -58,9 +59,9 @@ type budgetReport struct {
 // requests in flight are estimated as live instances times this
 // instance's; the script counts them exactly, from the turns it granted,
 // when it can (see report in internal/lua/rate.lua).
-func (s *shared) budgetReportOf(sig *Signal, q Quota, hasQ bool, known shape) *budgetReport {
-	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == ScopeBilling ||
-		((known == shapeBucket || q.Kind == ResetKindBucket) && sig.throttled()) {
+func (s *shared) budgetReportOf(sig *control.Response, q control.Quota, hasQ bool, known control.Shape) *budgetReport {
+	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == control.ScopeBilling ||
+		((known == control.ShapeBucket || q.Kind == control.ShapeBucket) && sig.Throttled) {
 		return nil
 	}
 	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: sig.Now, sent: sig.SentAt,
@@ -88,11 +89,11 @@ func budgetArgs(r *budgetReport, now time.Time) budgetArgv {
 	}
 	return budgetArgv{
 		remaining: r.remaining, reset: micros(r.reset - now.Sub(r.read)), unit: micros(r.unit), ago: ago,
-		inFlight: r.inFlight, kind: int(r.kind), limit: r.limit, resolution: micros(resetResolution(r.reset)),
+		inFlight: r.inFlight, kind: int(r.kind), limit: r.limit, resolution: micros(control.ResetResolution(r.reset)),
 	}
 }
 
-func (l *learntRate) AtRest(now time.Time) bool { return now.Sub(l.seen) > advertisedTTL }
+func (l *learntRate) AtRest(now time.Time) bool { return now.Sub(l.seen) > control.AdvertisedTTL }
 
 // Rate returns the configured rate.
 func (s *shared) Rate() Rate { return s.rate }
@@ -149,15 +150,16 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 	}
 	ctx = context.WithoutCancel(ctx)
 	id := keyID(key)
-	h := s.record(id, &sig)
+	r := sig.response()
+	h := s.record(id, &r)
 	var d Decision
-	if (h.ev == evOther || h.ev == evExhausted) && sig.RetryAfter > 0 {
+	if (h.ev == control.EvOther || h.ev == control.EvExhausted) && sig.RetryAfter > 0 {
 		d.NotBefore = sig.Now.Add(sig.RetryAfter)
 	}
 	if !h.call {
 		return d
 	}
-	c, err := s.control(ctx, id, &sig, h.ev, h.q, h.hasQ, h.adv, h.est, h.rep, h.sign)
+	c, err := s.control(ctx, id, &r, h.ev, h.q, h.hasQ, h.adv, h.est, h.rep, h.sign)
 	if err != nil {
 		d.Err = fmt.Errorf("egress: shared limiter %s: learn: %w", s.name, err)
 		s.failed(err)
@@ -168,15 +170,15 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		}
 		return d
 	}
-	d.Hold = s.controlledLearn(id, &sig, &h, c)
+	d.Hold = s.controlledLearn(id, &r, &h, c)
 	if old, new := c.old, c.new; old != new {
 		d.Old, d.New, d.Why = PerSecond(old), PerSecond(new), "advertised"
 		switch {
 		case h.stormStarts:
 			d.Why = "storm"
-		case new < old && h.ev == evExhausted && sig.throttled():
+		case new < old && h.ev == control.EvExhausted && r.Throttled:
 			d.Why = "throttled"
-		case new < old && h.ev == evExhausted && h.adv == 0:
+		case new < old && h.ev == control.EvExhausted && h.adv == 0:
 			// Levelled off: the provider's count showed no room (a level
 			// the script decides on a count carried by a reservation is
 			// not told: there is no Decision).
@@ -188,13 +190,13 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 
 // heardSignal is what Learn heard in a signal before the script's call.
 type heardSignal struct {
-	ev       evidence
-	q        Quota // the most restrictive request quota, when hasQ
+	ev       control.Evidence
+	q        control.Quota // the most restrictive request quota, when hasQ
 	hasQ     bool
 	adv, est float64       // the limit advertised (or measured), and the meter's estimate; 0 for none
 	rep      *budgetReport // the count that sets the key's budget; nil for none
 	// stormStarts: a storm starts with the signal; sign: the signal is a
-	// sign of one (see storm.notQuota); call: the script must hear it now.
+	// sign of one (see control.Storm.NotQuota); call: the script must hear it now.
 	stormStarts, sign, call bool
 }
 
@@ -202,12 +204,12 @@ type heardSignal struct {
 // storm's probes, the shape a dialect or the meter tells) and returns what
 // the script must be told, and whether now (a reservation carries a report
 // that need not be told at once).
-func (s *shared) record(id string, sig *Signal) heardSignal {
+func (s *shared) record(id string, sig *control.Response) heardSignal {
 	var h heardSignal
-	q, implied, hasQ := sig.requestQuota()
-	h.ev, h.hasQ = classify(sig, q, hasQ), hasQ
-	if s.learn.advertise {
-		h.adv = sig.advertised()
+	q, implied, hasQ := sig.Quota, sig.Implied, sig.HasQuota
+	h.ev, h.hasQ = control.Classify(sig, q, hasQ), hasQ
+	if s.learn.Advertise {
+		h.adv = sig.Advertised
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -218,27 +220,27 @@ func (s *shared) record(id string, sig *Signal) heardSignal {
 		s.learnt.Put(id, l)
 	}
 	if hasQ {
-		l.start.narrow(&q, implied, sig)
+		l.start.Narrow(&q, implied, sig.Now)
 	}
 	// More than twice the limit accepted in the last second, by this
-	// instance alone: a bucket (see meter.outpaced). The script is told as
+	// instance alone: a bucket (see control.Meter.Outpaced). The script is told as
 	// a dialect would tell it.
-	seenBucket := l.shape == shapeUnknown && hasQ && q.Kind == ResetKindUnknown && l.meter.outpaced(sig.Now, q)
+	seenBucket := l.shape == control.ShapeUnknown && hasQ && q.Kind == control.ShapeUnknown && l.meter.Outpaced(sig.Now, q)
 	if seenBucket {
-		q.Kind = ResetKindBucket
-		l.shape = shapeBucket
+		q.Kind = control.ShapeBucket
+		l.shape = control.ShapeBucket
 	}
-	l.meter.add(sig.SentAt, h.ev == evExhausted && sig.throttled(), sig.Status != 0 && !sig.throttled())
+	l.meter.Add(sig.SentAt, h.ev == control.EvExhausted && sig.Throttled, sig.Status != 0 && !sig.Throttled)
 	s.hearStorm(id, l, sig, &h, now)
-	if l.shape == shapeUnknown && hasQ && q.Kind != ResetKindUnknown {
-		l.shape = shape(q.Kind) // the dialect says; the script is told when it runs
+	if l.shape == control.ShapeUnknown && hasQ && q.Kind != control.ShapeUnknown {
+		l.shape = q.Kind // the dialect says; the script is told when it runs
 	}
-	if s.learn.advertise {
-		if measured := l.refill.observe(q, l.shape == shapeBucket); h.adv == 0 && hasQ {
+	if s.learn.Advertise {
+		if measured := l.refill.Observe(q, l.shape == control.ShapeBucket); h.adv == 0 && hasQ {
 			h.adv = measured // a bucket that states no rate: its reports measure it (see refill)
 		}
 	}
-	if est, ok := l.meter.estimate(now, l.rate); ok {
+	if est, ok := l.meter.Estimate(now, l.rate); ok {
 		h.est = est
 	}
 	h.q, h.rep = q, s.budgetReportOf(sig, q, hasQ, l.shape)
@@ -253,41 +255,41 @@ func (s *shared) record(id string, sig *Signal) heardSignal {
 
 // hearStorm tells whether sig, when a throttle without counts, is a
 // storm's (into h), the key's learnt state being l: as the Go controller's
-// storm.notQuota does. A hold heard from the fleet counts as this
+// control.Storm.NotQuota does. A hold heard from the fleet counts as this
 // instance's own: the probes after it tell a storm apart as well. A probe
 // is one the script told as one (the fleet's probes are parted in Redis,
 // whatever this instance heard of the hold); the first requests after a
 // hold, by time. Called with s.mu held.
-func (s *shared) hearStorm(id string, l *learntRate, sig *Signal, h *heardSignal, now time.Time) {
-	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.holdEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
-		l.storm.held(pm.heard, pm.until, pm.probes, probeGap(s.learn.floor))
+func (s *shared) hearStorm(id string, l *learntRate, sig *control.Response, h *heardSignal, now time.Time) {
+	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.HoldEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
+		l.storm.Held(pm.heard, pm.until, pm.probes, control.ProbeGap(s.learn.Floor))
 	}
-	if h.ev != evExhausted || h.hasQ {
+	if h.ev != control.EvExhausted || h.hasQ {
 		return
 	}
-	probe := l.probe(sig.SentAt, s.learn.floor)
-	_, first := l.storm.after(sig.SentAt, l.rate)
+	probe := l.probe(sig.SentAt, s.learn.Floor)
+	_, first := l.storm.After(sig.SentAt, l.rate)
 	var other bool
-	if other, h.stormStarts, h.sign = l.storm.notQuota(sig, &l.meter, probe, first); other {
-		h.ev = evOther
+	if other, h.stormStarts, h.sign = l.storm.NotQuota(sig, &l.meter, probe, first); other {
+		h.ev = control.EvOther
 	}
 }
 
 // mustCall reports whether the script must hear sig now, the key's learnt
 // state being l: a throttle, a window's "remaining 0", the start of a
 // storm, a new advertised limit, or an acceptance that tells the shape.
-func (s *shared) mustCall(l *learntRate, sig *Signal, h *heardSignal, now time.Time) bool {
+func (s *shared) mustCall(l *learntRate, sig *control.Response, h *heardSignal, now time.Time) bool {
 	switch h.ev {
-	case evOther:
+	case control.EvOther:
 		return h.stormStarts // the decreases the storm caused were mistaken: undo them
-	case evExhausted:
+	case control.EvExhausted:
 		// A bucket refills continuously: a "remaining 0" it answers a
 		// success with holds for one unit only, which the rate does anyway.
-		return sig.throttled() || (l.shape != shapeBucket && h.q.Kind != ResetKindBucket)
-	case evNone:
+		return sig.Throttled || (l.shape != control.ShapeBucket && h.q.Kind != control.ShapeBucket)
+	case control.EvNone:
 		accepted := sig.Status >= 200 && sig.Status < 300
-		return (h.adv > 0 && !(l.advertised == h.adv && now.Sub(l.wrote) < advertisedTTL/2)) ||
-			(accepted && l.shape == shapeUnknown && h.q.Kind == ResetKindUnknown &&
+		return (h.adv > 0 && !(l.advertised == h.adv && now.Sub(l.wrote) < control.AdvertisedTTL/2)) ||
+			(accepted && l.shape == control.ShapeUnknown && h.q.Kind == control.ShapeUnknown &&
 				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
 	}
 	return false
@@ -297,7 +299,7 @@ func (s *shared) mustCall(l *learntRate, sig *Signal, h *heardSignal, now time.T
 // instance: the hold, heard at once by this process's waiters; the rate,
 // shape, storm and zero the key is known by. It returns the hold's end;
 // zero for none.
-func (s *shared) controlledLearn(id string, sig *Signal, h *heardSignal, c controlled) (hold time.Time) {
+func (s *shared) controlledLearn(id string, sig *control.Response, h *heardSignal, c controlled) (hold time.Time) {
 	now := s.clock.Now()
 	if c.held > 0 {
 		hold = now.Add(c.held)
@@ -307,11 +309,11 @@ func (s *shared) controlledLearn(id string, sig *Signal, h *heardSignal, c contr
 	defer s.mu.Unlock()
 	l := s.seenLocked(id, c.new, now)
 	l.shape = c.shape
-	if c.stormy && !now.Before(l.storm.until) {
-		l.storm.until = now.Add(stormTTL) // another instance saw the storm
+	if c.stormy && !now.Before(l.storm.Until) {
+		l.storm.Until = now.Add(control.StormTTL) // another instance saw the storm
 	}
 	if c.held > 0 && c.probes > 0 {
-		l.storm.held(sig.Now, hold, c.probes, probeGap(s.learn.floor))
+		l.storm.Held(sig.Now, hold, c.probes, control.ProbeGap(s.learn.Floor))
 	}
 	if q := h.q; h.hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
 		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
@@ -335,13 +337,13 @@ func (s *shared) probedLocked(id string, at time.Time) {
 // instance's probe turns (see atTurn), at the floor rate or at the key's,
 // whichever is less.
 func (l *learntRate) probe(sent time.Time, floor float64) bool {
-	gap := probeGap(floor)
+	gap := control.ProbeGap(floor)
 	if gap == 0 || !(l.rate > 0) {
 		return false
 	}
 	u := min(gap, time.Duration(float64(time.Second)/l.rate))
 	for _, at := range l.probes {
-		if atTurn(sent, at, at, u) {
+		if control.AtTurn(sent, at, at, u) {
 			return true
 		}
 	}
@@ -349,16 +351,16 @@ func (l *learntRate) probe(sent time.Time, floor float64) bool {
 }
 
 // control runs the control script for key id: one round trip.
-func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidence, q Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
+func (s *shared) control(ctx context.Context, id string, sig *control.Response, ev control.Evidence, q control.Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
 	a := controlArgv{
-		configured: s.rate.PerSecond(), discover: b2i(s.learn.discover), c: s.learn.c, floor: s.learn.floor, beta: s.learn.beta,
-		advertised: adv, advTTL: micros(advertisedTTL),
-		exhausted: b2i(ev == evExhausted), throttled: b2i(sig.throttled()),
+		configured: s.rate.PerSecond(), discover: b2i(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor, beta: s.learn.Beta,
+		advertised: adv, advTTL: micros(control.AdvertisedTTL),
+		exhausted: b2i(ev == control.EvExhausted), throttled: b2i(sig.Throttled),
 		accepted: b2i(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices),
 		ago:      -1, reset: -1, retryAfter: -1, remaining: -1, limit: -1,
 		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0),
-		estimate: est, usable: s.usable, probeHold: micros(probeHold), channel: s.keyChannel(id), id: id,
-		kind: int(q.Kind), other: b2i(ev == evOther), bare: b2i(!hasQ), stormTTL: micros(stormTTL),
+		estimate: est, usable: s.usable, probeHold: micros(control.ProbeHold), channel: s.keyChannel(id), id: id,
+		kind: int(q.Kind), other: b2i(ev == control.EvOther), bare: b2i(!hasQ), stormTTL: micros(control.StormTTL),
 		budget: b2i(rep != nil), sign: b2i(sign),
 	}
 	if !sig.SentAt.IsZero() {
@@ -399,16 +401,16 @@ func (s *shared) control(ctx context.Context, id string, sig *Signal, ev evidenc
 // storm), which the control script arms for the fleet: how many, the gap
 // between them, and whether the hold is long (see longHold). Another
 // signal sets none.
-func (s *shared) throttleProbes(sig *Signal, hasQ bool) (k int, gap time.Duration, long bool) {
-	if !hasQ && sig.throttled() {
+func (s *shared) throttleProbes(sig *control.Response, hasQ bool) (k int, gap time.Duration, long bool) {
+	if !hasQ && sig.Throttled {
 		// (The hold without a Retry-After is a unit at the floor rate, or
 		// at the key's, which is not below it: see unsaid.)
-		hold := probeGap(s.learn.floor)
+		hold := control.ProbeGap(s.learn.Floor)
 		if sig.HasRetryAfter {
 			hold = sig.RetryAfter
 		}
-		k, gap = probing(s.learn.floor, hold)
-		long = longHold(s.learn.floor, hold)
+		k, gap = control.Probing(s.learn.Floor, hold)
+		long = control.LongHold(s.learn.Floor, hold)
 	}
 	return k, gap, long
 }
@@ -428,9 +430,9 @@ func parseControl(reply []any) (c controlled, err error) {
 		k, ok6 := reply[5].(int64)
 		e, ok7 := reply[6].(string)
 		end, err := strconv.ParseInt(e, 10, 64)
-		if ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7 && err == nil && h >= 0 && sh >= 0 && sh <= int64(shapeBucket) &&
-			(st == 0 || st == 1) && k >= 0 && k <= stormProbes && end >= 0 {
-			return controlled{old: old, new: new, held: time.Duration(h) * time.Microsecond, shape: shape(sh),
+		if ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7 && err == nil && h >= 0 && sh >= 0 && sh <= int64(control.ShapeBucket) &&
+			(st == 0 || st == 1) && k >= 0 && k <= control.StormProbes && end >= 0 {
+			return controlled{old: old, new: new, held: time.Duration(h) * time.Microsecond, shape: control.Shape(sh),
 				stormy: st == 1, probes: int(k), end: end}, nil
 		}
 	}
@@ -441,7 +443,7 @@ func parseControl(reply []any) (c controlled, err error) {
 type controlled struct {
 	old, new float64       // the key's rate before and after
 	held     time.Duration // the hold left; 0 for none
-	shape    shape
+	shape    control.Shape
 	stormy   bool  // a storm is believed
 	probes   int   // the probes that follow the hold
 	end      int64 // the hold's end, in us of the server's clock
@@ -449,18 +451,18 @@ type controlled struct {
 
 // fallbackLearn is how the fallback limiter at rate share learns: as this
 // limiter does, scaled to the share.
-func (s *shared) fallbackLearn(share Rate) learnConfig {
+func (s *shared) fallbackLearn(share Rate) control.Config {
 	lc := s.learn
 	f := share.PerSecond() / s.rate.PerSecond()
-	lc.configured, lc.floor = share.PerSecond(), lc.floor*f
-	lc.fleet, lc.burst = false, 0 // one instance's: no start-up collision
+	lc.Configured, lc.Floor = share.PerSecond(), lc.Floor*f
+	lc.Fleet, lc.Burst = false, 0 // one instance's: no start-up collision
 	return lc
 }
 
 // seedFallback returns the controller state a key starts with in the
 // fallback limiter: the rate the fleet learnt for it, at the fallback's
 // share, or nil when it learnt nothing.
-func (s *shared) seedFallback(key string, now time.Time) *ctlState {
+func (s *shared) seedFallback(key string, now time.Time) *control.State {
 	s.mu.Lock()
 	l, ok := s.learnt.M[keyID(key)]
 	rate := 0.0
@@ -472,5 +474,5 @@ func (s *shared) seedFallback(key string, now time.Time) *ctlState {
 		return nil
 	}
 	f := math.Float64frombits(s.fallbackShare.Load())
-	return &ctlState{advertised: rate * f, advertisedUntil: now.Add(advertisedTTL)}
+	return &control.State{Advertised: rate * f, AdvertisedUntil: now.Add(control.AdvertisedTTL)}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/lua"
 )
@@ -368,7 +369,7 @@ func (l *SharedLimits) take(ctx context.Context, key string, cost Cost, maxWait 
 			// The refunds did not bring the turn within b: the wait it
 			// still needs, from when it was asked for.
 			now := s.clock.Now()
-			return Grant{}, false, b.refuseAt(reservedAt, key, l.bindingCost(cost, rep.binding), maxTime(g.At, now).Sub(reservedAt))
+			return Grant{}, false, b.refuseAt(reservedAt, key, l.bindingCost(cost, rep.binding), clock.Later(g.At, now).Sub(reservedAt))
 		}
 		return Grant{}, false, err
 	}
@@ -627,7 +628,7 @@ func (l *SharedLimits) nextCall(ln *limitsLane) time.Time {
 	// No later than the first queued waiter's latest turn allows.
 	for _, p := range ln.queue {
 		if !p.gone && !p.limit.IsZero() {
-			due = minTime(due, p.limit.Add(-2*ln.rtt-time.Millisecond))
+			due = clock.Earlier(due, p.limit.Add(-2*ln.rtt-time.Millisecond))
 		}
 	}
 	ln.due = due
@@ -646,7 +647,7 @@ func (l *SharedLimits) callBatch(ln *limitsLane, batch []*limitsPending) {
 		ln.called, ln.rtt = replies[0].at, replies[0].at.Sub(start)
 		for _, r := range replies {
 			if !r.refused && !r.held {
-				ln.held = maxTime(ln.held, r.at.Add(r.wait))
+				ln.held = clock.Later(ln.held, r.at.Add(r.wait))
 			}
 		}
 	}

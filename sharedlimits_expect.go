@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/clock"
 )
 
 // How a SharedLimits plans a request whose turn lies beyond its budget.
@@ -131,7 +132,7 @@ func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st set
 		ps.es = append(ps.es, e)
 	}
 	for _, w := range waiters {
-		ps.place(w.est, minTime(ps.earliest(w.est, now), w.at)) // as replan would: never later
+		ps.place(w.est, clock.Earlier(ps.earliest(w.est, now), w.at)) // as replan would: never later
 	}
 	return ps, now, nil
 }

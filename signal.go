@@ -3,6 +3,8 @@ package egress
 import (
 	"net/http"
 	"time"
+
+	"github.com/egress-go/egress/internal/control"
 )
 
 // Signal is what one response said about its key's limit, whatever dialect
@@ -225,32 +227,6 @@ func (q Quota) impliedReset(maxWait time.Duration) (_ Quota, implied bool) {
 	return q, true
 }
 
-// windowStart narrows the reset a window implies (Quota.impliedReset) from
-// the window's counts: a count with the whole limit back but one answers
-// the window's first request, so the window began when it was read at the
-// latest, and ends a window after that. Only that window is narrowed: the
-// next may begin at its first request after a pause, or at a request of
-// another client (another instance of a fleet), which this one does not
-// see. (Where the window rolls, or began before a first request sent
-// mid-window, the end found is later than the real one: a hold until then
-// is longer than it had to be, never shorter.) One start is kept a key:
-// the quota the key is held to.
-type windowStart struct{ at time.Time }
-
-// narrow narrows q's reset, when its window implies it (implied), as of s,
-// the signal q was read from.
-func (w *windowStart) narrow(q *Quota, implied bool, s *Signal) {
-	if !implied || !q.HasLimit || !q.HasRemaining || q.Window <= 0 {
-		return
-	}
-	if q.Remaining >= q.Limit-1 {
-		w.at = s.Now
-	}
-	if since := s.Now.Sub(w.at); !w.at.IsZero() && since >= 0 && since < q.Window {
-		q.Reset = min(q.Reset, q.Window-since)
-	}
-}
-
 // countLookAgain is the longest reset a window implies (see impliedReset).
 const countLookAgain = time.Minute
 
@@ -292,10 +268,34 @@ func (s *Signal) throttled() bool {
 // shared resource), or its count of requests, q (when hasQ), has room and
 // it does not say the quota is the reason.
 func (s *Signal) notAboutQuota(q Quota, hasQ bool) bool {
-	if !s.throttled() {
-		return false
+	return control.NotAboutQuota(s.throttled(), control.Scope(s.Scope), hasQ && q.Remaining > 0)
+}
+
+// response reads s for its key's controller: its most restrictive
+// requests quota (requestQuota) and its advertised limit, when it has
+// counts, and whether it is a throttle. A response without counts reads
+// none (the allowed path's: see control.State.Silent).
+func (s *Signal) response() control.Response {
+	r := control.Response{
+		Now: s.Now, SentAt: s.SentAt, Status: s.Status, InFlight: s.InFlight,
+		RetryAfter: s.RetryAfter, HasRetryAfter: s.HasRetryAfter,
+		Scope: control.Scope(s.Scope), Throttled: s.throttled(), Counts: len(s.Quotas) > 0,
 	}
-	return s.Scope == ScopeOther || (hasQ && q.Remaining > 0 && s.Scope != ScopeQuota)
+	if r.Counts {
+		var q Quota
+		q, r.Implied, r.HasQuota = s.requestQuota()
+		r.Quota, r.Advertised = q.control(), s.advertised()
+	}
+	return r
+}
+
+// control is q as the controller reads it.
+func (q Quota) control() control.Quota {
+	return control.Quota{
+		Limit: q.Limit, HasLimit: q.HasLimit, Remaining: q.Remaining, HasRemaining: q.HasRemaining,
+		Reset: q.Reset, HasReset: q.HasReset, Window: q.Window, HasWindow: q.HasWindow,
+		Kind: control.Shape(q.Kind),
+	}
 }
 
 // statusOverloaded is the status Anthropic answers when its API as a whole

@@ -15,7 +15,7 @@ import (
 )
 
 // The probes after a hold, and the storms they tell apart (see storm in
-// controller.go), in real time: the limiters part the probes, and a
+// internal/control), in real time: the limiters part the probes, and a
 // provider whose burst is a unit or two is not taken for a storm.
 
 // TestProbesAfterAHold: a throttle without counts holds the key for its

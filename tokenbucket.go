@@ -10,6 +10,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/keyed"
 )
 
@@ -36,9 +37,9 @@ type TokenBucket struct {
 	limit  rate.Limit
 	burst  int     // the configured burst: the largest cost granted
 	margin float64 // units of the burst kept in reserve for transit jitter (see jitterMargin)
-	learn  learnConfig
+	learn  control.Config
 	clock  clock.Clock
-	seed   func(key string, now time.Time) *ctlState // a new key's controller state; nil: none
+	seed   func(key string, now time.Time) *control.State // a new key's controller state; nil: none
 
 	mu      sync.RWMutex
 	buckets keyed.Map[*tokenBucket] // guarded by mu
@@ -62,18 +63,18 @@ type TokenBucket struct {
 type tokenBucket struct {
 	key     string
 	mu      sync.Mutex
-	last    time.Time     // guarded by mu; the latest time given to rl
-	seen    time.Time     // guarded by mu; the latest clock reading a grant was given (see fresh)
-	rl      *rate.Limiter // read it here; change it through limiter
-	limit   rate.Limit    // guarded by mu; rl's limit, kept here so that a grant need not take rl's lock to read it (see startAt)
-	known   knownTokens   // guarded by mu; what rl holds after the last grant that went at once (see tokensAt)
-	dropped bool          // guarded by mu; a sweep found the bucket at rest and dropped it from the map (see learnAt)
-	ctl     *ctlState     // guarded by mu; nil while the key has learnt nothing
-	learn   *learnConfig  // the limiter's
-	resume  time.Time     // guarded by mu; the end of a hold, at which the bucket holds one token
-	waiting []*turn       // guarded by mu; the turns reserved and still to come, which the key's rate changes move (see retime)
-	moved   chan struct{} // guarded by mu; closed when they move earlier; nil until a waiter asks for it
-	owed    float64       // guarded by mu; the fraction of a token a raise left owed (see setRate)
+	last    time.Time       // guarded by mu; the latest time given to rl
+	seen    time.Time       // guarded by mu; the latest clock reading a grant was given (see fresh)
+	rl      *rate.Limiter   // read it here; change it through limiter
+	limit   rate.Limit      // guarded by mu; rl's limit, kept here so that a grant need not take rl's lock to read it (see startAt)
+	known   knownTokens     // guarded by mu; what rl holds after the last grant that went at once (see tokensAt)
+	dropped bool            // guarded by mu; a sweep found the bucket at rest and dropped it from the map (see learnAt)
+	ctl     *control.State  // guarded by mu; nil while the key has learnt nothing
+	learn   *control.Config // the limiter's
+	resume  time.Time       // guarded by mu; the end of a hold, at which the bucket holds one token
+	waiting []*turn         // guarded by mu; the turns reserved and still to come, which the key's rate changes move (see retime)
+	moved   chan struct{}   // guarded by mu; closed when they move earlier; nil until a waiter asks for it
+	owed    float64         // guarded by mu; the fraction of a token a raise left owed (see setRate)
 }
 
 // knownTokens is what a bucket's x/time/rate limiter holds after a grant
@@ -146,9 +147,9 @@ func (b *tokenBucket) retime(from time.Time, factor float64) {
 	if !(factor > 0) || factor == 1 || math.IsInf(factor, 0) {
 		return
 	}
-	l := lowering{from: from, factor: factor}
+	l := control.Lowering{From: from, Factor: factor}
 	for _, t := range b.waiting {
-		t.due = l.move(t.due)
+		t.due = l.Move(t.due)
 	}
 	if factor < 1 && b.moved != nil {
 		close(b.moved)
@@ -284,7 +285,7 @@ func newTokenBucket(r Rate, burst int) *TokenBucket {
 		limit:   rate.Limit(r.PerSecond()),
 		burst:   burst,
 		margin:  m,
-		learn:   defaultLearn(r),
+		learn:   control.DefaultConfig(r.PerSecond()),
 		clock:   clock.Real{},
 		buckets: keyed.New[*tokenBucket](),
 	}
@@ -387,7 +388,7 @@ func (tb *TokenBucket) cancel(g grant) {
 // commit makes g, a grant of cost whose wait is over, final: it reports
 // false when the key was held after g was reserved, by a hold that has not
 // ended, or when the key's budget (what the provider's last report leaves,
-// see ctlState.spend) has not cost units left, which holds the key.
+// see control.State.Spend) has not cost units left, which holds the key.
 // The budget is spent when a request goes, not when its turn is reserved,
 // so that a report heard meanwhile counts it as it should: in flight once
 // it is sent, from the budget until then.
@@ -401,7 +402,7 @@ func (tb *TokenBucket) commit(g grant, cost int) bool {
 	if ctl == nil {
 		return true
 	}
-	if ctl.hold.After(g.at) && ctl.hold.After(now) {
+	if ctl.Hold.After(g.at) && ctl.Hold.After(now) {
 		return false
 	}
 	return tb.spendLocked(g.bk, now, g.t.due, cost)
@@ -409,13 +410,13 @@ func (tb *TokenBucket) commit(g grant, cost int) bool {
 
 // spendLocked spends cost units of bk's budget for a request granted at
 // now at its turn turn; when they are not there, the key is now held (see
-// ctlState.spend) and the bucket resumes at the rate after the hold. A
+// control.State.Spend) and the bucket resumes at the rate after the hold. A
 // probe after a hold, granted, holds the key a gap after its turn in the
 // same way. The caller holds bk.mu.
 func (tb *TokenBucket) spendLocked(bk *tokenBucket, now, turn time.Time, cost int) bool {
-	ok := bk.ctl.spend(now, turn, cost, bk.ctl.rate(&tb.learn, now))
-	if bk.ctl.hold.After(now) {
-		bk.resume = maxTime(bk.resume, bk.ctl.hold)
+	ok := bk.ctl.Spend(now, turn, cost, bk.ctl.Rate(&tb.learn, now))
+	if bk.ctl.Hold.After(now) {
+		bk.resume = clock.Later(bk.resume, bk.ctl.Hold)
 	}
 	return ok
 }
@@ -539,7 +540,7 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 		}
 		// The budget is spent: the key is held from now.
 		lim := bk.limiter()
-		at = bk.inOrder(bk.ctl.hold)
+		at = bk.inOrder(bk.ctl.Hold)
 		drainTo(lim, at, 1)
 		bk.resume = time.Time{}
 		tokens = lim.TokensAt(at)
@@ -587,8 +588,8 @@ func (tb *TokenBucket) take(bk *tokenBucket, now time.Time, key string, cost int
 // token; and at the key's rate then. The caller holds bk.mu.
 func (tb *TokenBucket) startAt(bk *tokenBucket, now time.Time) time.Time {
 	at := now
-	if bk.ctl != nil && bk.ctl.hold.After(at) {
-		at = bk.ctl.hold
+	if bk.ctl != nil && bk.ctl.Hold.After(at) {
+		at = bk.ctl.Hold
 	}
 	at = bk.inOrder(at)
 	if !bk.resume.IsZero() && !at.Before(bk.resume) {
@@ -601,7 +602,7 @@ func (tb *TokenBucket) startAt(bk *tokenBucket, now time.Time) time.Time {
 	if bk.ctl != nil {
 		// (The limit is compared with bk.limit, not with lim's, whose
 		// lock a grant would take once more.)
-		if l := rate.Limit(bk.ctl.rate(&tb.learn, at)); l != bk.limit {
+		if l := rate.Limit(bk.ctl.Rate(&tb.learn, at)); l != bk.limit {
 			if l != bk.rl.Limit() {
 				bk.setRate(at, l)
 			}
@@ -630,7 +631,7 @@ func (tb *TokenBucket) bucket(key string, now time.Time) *tokenBucket {
 	b = &tokenBucket{key: key, rl: rate.NewLimiter(tb.limit, tb.burst), limit: tb.limit, learn: &tb.learn}
 	if tb.seed != nil {
 		if b.ctl = tb.seed(key, now); b.ctl != nil {
-			b.limit = rate.Limit(b.ctl.rate(&tb.learn, now))
+			b.limit = rate.Limit(b.ctl.Rate(&tb.learn, now))
 			b.limiter().SetLimitAt(now, b.limit)
 		}
 	}
@@ -666,13 +667,14 @@ func (tb *TokenBucket) EffectiveRate(key string) Rate {
 }
 
 // Learn implements Learner: key's controller applies what a response said
-// (see controller.go). A hold empties the bucket as of its end but for one
+// (see internal/control). A hold empties the bucket as of its end but for one
 // token, so that the key resumes at its rate rather than in a burst.
 func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
+	r := s.response()
 	tb.mu.RLock()
 	if bk, ok := tb.buckets.M[key]; ok {
 		bk.mu.Lock()
-		d := tb.learnLocked(bk, &s)
+		d := tb.learnLocked(bk, &r)
 		bk.mu.Unlock()
 		tb.mu.RUnlock()
 		return d
@@ -683,7 +685,7 @@ func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	bk := tb.bucket(key, tb.clock.Now())
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
-	return tb.learnLocked(bk, &s)
+	return tb.learnLocked(bk, &r)
 }
 
 // learnAt is Learn in bk, the bucket that granted the request whose
@@ -694,17 +696,19 @@ func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 //
 // A zero s.Now says that the Transport, whose clock is tb's, did not read
 // it: a response that says nothing of the limit does not need it (see
-// ctlState.silent). learnAt reads it, into s, when s needs it.
+// control.State.Silent). learnAt reads it, into s, when s needs it.
 func (tb *TokenBucket) learnAt(bk *tokenBucket, key string, s *Signal) Decision {
+	r := s.response()
 	bk.mu.Lock()
 	if !bk.dropped {
 		if bk.ctl == nil {
-			bk.ctl = &ctlState{} // (as learnLocked would)
+			bk.ctl = &control.State{} // (as learnLocked would)
 		}
-		if s.Now.IsZero() && !bk.ctl.silent(s) {
+		if r.Now.IsZero() && !bk.ctl.Silent(&r) {
 			s.Now = tb.clock.Now()
+			r.Now = s.Now
 		}
-		d := tb.learnLocked(bk, s)
+		d := tb.learnLocked(bk, &r)
 		bk.mu.Unlock()
 		return d
 	}
@@ -718,36 +722,36 @@ func (tb *TokenBucket) learnAt(bk *tokenBucket, key string, s *Signal) Decision 
 // learnLocked applies s to bk. The caller holds bk.mu, and knows bk to be
 // the key's bucket: it holds tb.mu (read or write) and found bk in the
 // map, or bk is not dropped (see learnAt). A response that says nothing
-// of the limit is counted and decides nothing (see ctlState.silent), and
-// nothing below reads its time.
-func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
+// of the limit is counted and decides nothing (see control.State.Silent),
+// and nothing below reads its time.
+func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *control.Response) Decision {
 	if bk.ctl == nil {
-		bk.ctl = &ctlState{}
+		bk.ctl = &control.State{}
 	}
-	d := bk.ctl.learn(&tb.learn, s)
+	d := bk.ctl.Learn(&tb.learn, s)
 	if !d.Hold.IsZero() {
-		bk.resume = maxTime(bk.resume, d.Hold)
+		bk.resume = clock.Later(bk.resume, d.Hold)
 	}
-	if d.drain {
-		// The provider's bucket holds d.keep once the requests in flight
+	if d.Drain {
+		// The provider's bucket holds d.Keep once the requests in flight
 		// are counted: this one holds no more, as of now (owing, below 0).
-		drainTo(bk.limiter(), bk.inOrder(s.Now), d.keep)
+		drainTo(bk.limiter(), bk.inOrder(s.Now), d.Keep)
 	}
 	if d.Why == "throttled" {
 		// The throttles that the turns reserved before the decrease meet
 		// belong to this episode too, until the last of them, spread at
 		// the new rate (below).
 		now := bk.inOrder(s.Now)
-		if backlog := -bk.rl.TokensAt(now) / d.New.PerSecond(); backlog > 0 {
-			bk.ctl.decreased = maxTime(bk.ctl.decreased, now.Add(time.Duration(backlog*float64(time.Second))))
+		if backlog := -bk.rl.TokensAt(now) / d.New; backlog > 0 {
+			bk.ctl.Decreased = clock.Later(bk.ctl.Decreased, now.Add(time.Duration(backlog*float64(time.Second))))
 		}
 	}
 	// The change s made to the key's rate, told or not (a climb sped by
 	// room is not told): the turns reserved move with it (see retime).
-	if d.to != d.from {
-		now, l := bk.inOrder(tb.clock.Now()), rate.Limit(d.to)
+	if d.To != d.From {
+		now, l := bk.inOrder(tb.clock.Now()), rate.Limit(d.To)
 		switch {
-		case d.to < d.from:
+		case d.To < d.From:
 			bk.setRate(now, l)
 		case l > bk.rl.Limit():
 			// (Brought in, the turns given owe what they did: repaid at
@@ -755,7 +759,7 @@ func (tb *TokenBucket) learnLocked(bk *tokenBucket, s *Signal) Decision {
 			bk.limiter().SetLimitAt(now, l)
 			bk.limit = l
 		}
-		bk.retime(maxTime(now, bk.ctl.hold), d.from/d.to)
+		bk.retime(clock.Later(now, bk.ctl.Hold), d.From/d.To)
 	}
-	return d
+	return decided(d)
 }

@@ -582,20 +582,6 @@ func drain(resp *http.Response) {
 	resp.Body.Close()
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
 // CloseIdleConnections closes the idle connections of the base RoundTripper,
 // when it has such a method, so that http.Client.CloseIdleConnections works
 // through a Transport.

@@ -152,3 +152,19 @@ func (t *fakeTimer) Stop() bool {
 	}
 	return false
 }
+
+// Later returns the later of a and b.
+func Later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Earlier returns the earlier of a and b.
+func Earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -7,21 +7,21 @@
 -- TestNoBareFieldNames fails on one written in a script.
 local field = {
   -- A key's learnt state, the hash redisKeys names "rate" (rate.lua's
-  -- header; controller.go's ctlState, field for field): the advertised
+  -- header; internal/control's State, field for field): the advertised
   -- limit and discovery's climb back after a decrease.
   adv = 'adv', -- the advertised limit
   advu = 'advu', -- until when the advertised limit is believed
   wmax = 'wmax', -- the rate the climb back aims at
   w0 = 'w0', -- the rate right after the last decrease
   climb = 'climb', -- when the climb starts: the decrease, or the end of the hold it came with
-  pl = 'pl', -- the seconds the climb stays at its aim before it grows beyond (plateauFor; absent: none)
+  pl = 'pl', -- the seconds the climb stays at its aim before it grows beyond (internal/control's plateauFor; absent: none)
   dec = 'dec', -- when the last decrease was decided (or the last turn given before it)
   gd = 'gd', -- a rate the fleet was accepted at for a second before a throttle without counts (good)
   bk = 'bk', -- when the fleet tries gd again (back)
   bn = 'bn', -- the tries of gd refused since (backN)
 
   -- A key's learnt state: what its reset means (its shape), and what tells
-  -- it (controller.go's learnShape and bucketHold).
+  -- it (internal/control's learnShape and bucketHold).
   shape = 'shape', -- what the key's reset means: 0 unknown, 1 a window, 2 a bucket
   zat = 'zat', -- when a "remaining 0" was last seen
   zun = 'zun', -- the reset it came with
@@ -33,7 +33,7 @@ local field = {
   bwt = 'bwt', -- the end of the latest Retry-After a refusal from a bucket stated (bucketWait)
 
   -- A key's learnt state: storms, and the probes after a hold that a
-  -- throttle without counts set (controller.go's storm; control.lua sets
+  -- throttle without counts set (internal/control's Storm; control.lua sets
   -- them, reserve.lua grants the probes).
   storm = 'storm', -- until when throttles without counts are believed not to be about the quota
   parm = 'parm', -- until when a sign of a storm arms the probes of every hold
@@ -44,7 +44,7 @@ local field = {
   pn = 'pn', -- the earliest turn of the next probe
 
   -- A key's learnt state: the budget a report of a window's quota leaves
-  -- the fleet (controller.go's ctlState.report and spend), and the rings
+  -- the fleet (internal/control's State.report and Spend), and the rings
   -- that count the fleet's turns and refusals (rate.lua's tally).
   bud = 'bud', -- the units the fleet may still be granted before budu
   budu = 'budu', -- until when the budget holds: the report's reset
@@ -52,13 +52,13 @@ local field = {
   budr = 'budr', -- the provider's remaining that the report stated
   budres = 'budres', -- the resolution the report's reset was read to
   hist = 'hist', -- since when the ring of grants records them (the key's first grant)
-  hend = 'hend', -- the latest turn given in the key's first second before any refusal (see collides)
+  hend = 'hend', -- the latest turn given in the key's first second before any refusal (see internal/control's collides)
   g = 'g', -- the ring of grants: g0, g1, ... (ringSize slots of ringSlot), "<slot>:<units>"
   f = 'f', -- the ring of refusals, by send time: f0 .. f3 (a meterSlot each), "<slot>:<count>"
   rts = 'rts', -- how many changes of the rate have moved the turns given (retime)
 
   -- A key's learnt state: what a bucket's counts show (rate.lua's drain;
-  -- controller.go's roomy and drainMark).
+  -- internal/control's roomy and DrainMark).
   room = 'room', -- when a bucket's count last showed room
   roomr = 'roomr', -- the rate then
   dra = 'dra', -- the first count of a bucket's stretch below full: when its request was sent

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/fair"
 )
 
@@ -95,9 +96,6 @@ var tableEntry = regexp.MustCompile(`(?m)^\s+([A-Za-z_][A-Za-z0-9_]*) = ([^,]+),
 //go:embed reserve.lua
 var reserve string
 
-//go:embed control.lua
-var control string
-
 // Reserve admits a batch of requests on one key (token bucket or pacer), at
 // the rate the key has learnt, in the fleet's priority order and tenants'
 // shares (internal/fair's order.lua and shares.lua, the twins of its
@@ -115,7 +113,7 @@ var Fair = fair.OrderLua + fair.SharesLua + fairstate
 
 // Control applies what a response said to a key's controller: the hold,
 // the shape of its quota, the advertised and discovered rate.
-var Control = inline(prelude + rate + control)
+var Control = inline(prelude + rate + control.Lua)
 
 //go:embed heartbeat.lua
 var heartbeat string

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/egress-go/egress/internal/control"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -92,17 +93,21 @@ func TestNoBareTuningNumbers(t *testing.T) {
 }
 
 // scriptFiles returns the scripts of this package and their functions'
-// twins in internal/fair (which sit beside their Go twins there), by
-// file.
+// twins in internal/fair and internal/control (which sit beside their Go
+// twins there), by file.
 func scriptFiles(t *testing.T) map[string]string {
 	t.Helper()
 	files, err := filepath.Glob("*.lua")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
-	twins, err := filepath.Glob("../fair/*.lua")
-	if err != nil || len(twins) == 0 {
-		t.Fatalf("no twins: %v", err)
+	var twins []string
+	for _, dir := range []string{"../fair", "../control"} {
+		found, err := filepath.Glob(dir + "/*.lua")
+		if err != nil || len(found) == 0 {
+			t.Fatalf("no twins in %s: %v", dir, err)
+		}
+		twins = append(twins, found...)
 	}
 	out := map[string]string{}
 	for _, f := range append(files, twins...) {
@@ -154,7 +159,7 @@ func checkRefs(t *testing.T, table string, code func(string) string) {
 	}
 	ref := regexp.MustCompile(`\b` + table + `\.(\w+)`)
 	used := map[string]bool{}
-	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control, "limits.lua": limits, "fairstate.lua": fairstate} {
+	for name, src := range map[string]string{"rate.lua": rate, "reserve.lua": reserve, "control.lua": control.Lua, "limits.lua": limits, "fairstate.lua": fairstate} {
 		for _, m := range ref.FindAllStringSubmatch(code(src), -1) {
 			used[m[1]] = true
 			if _, ok := defined[m[1]]; !ok {

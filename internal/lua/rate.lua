@@ -1,16 +1,16 @@
 -- rate: the rate a key is held to now, in units per second; the prefix of
 -- the reserve and control scripts. The key's learnt state lives in a hash
--- (controller.go's ctlState, field for field; the scripts name each field
+-- (internal/control's State, field for field; the scripts name each field
 -- as field.<name>, of fields.lua, generated from sharedfields.go):
 --   adv, advu   the advertised limit and until when it is believed (us)
 --   wmax, w0, climb  discovery: the rate the climb back aims at, the rate
 --               right after the last decrease, and when the climb starts
 --               (us: the decrease, or the end of the hold it came with)
 --   pl          the seconds the climb stays at its aim before it grows
---               beyond (controller.go's plateauFor; none: 0)
+--               beyond (internal/control's plateauFor; none: 0)
 --   gd, bk, bn  a rate the fleet was accepted at for a second before a
 --               throttle without counts, when the fleet tries it again
---               (us), and the tries refused since (controller.go's good,
+--               (us), and the tries refused since (internal/control's good,
 --               back, backN; see aimBack)
 --   dec         when the last decrease was decided (us)
 --   shape       what the key's reset means: 0 unknown, 1 window, 2 bucket
@@ -31,10 +31,10 @@
 -- decrease, never below floor): a function of the state and the time, so
 -- successes need no write. The climb's constant c is relative to wmax.
 -- cubic is the CUBIC rate t seconds after a decrease to w0, aiming at wmax,
--- staying there p seconds before it grows beyond (controller.go's cubic,
+-- staying there p seconds before it grows beyond (internal/control's Cubic,
 -- term for term).
 -- cubicK is K, the seconds the climb from w0 takes to reach wmax (above
--- 0; controller.go's cubicK).
+-- 0; internal/control's cubicK).
 local function cubicK(w0, wmax, c)
   return (math.max(wmax - w0, 0) / (c * wmax)) ^ (1 / 3)
 end
@@ -47,7 +47,7 @@ end
 
 -- triesBack says whether the fleet tries the rate gd again at t: from bk
 -- on, while gd is above the climb's aim wmax by a quarter or more
--- (controller.go's triesBack, backOver). The try climbs from a twentieth
+-- (internal/control's triesBack, backOver). The try climbs from a twentieth
 -- under gd (aimUnder).
 local function triesBack(gd, bk, wmax, t)
   return gd and bk and wmax and gd > tune.backOver * wmax and t >= bk
@@ -82,7 +82,7 @@ local function effective(key, now, configured, discover, c, floor)
   return r
 end
 
--- The key's budget (controller.go's ctlState.report and spend), in the
+-- The key's budget (internal/control's State.report and spend), in the
 -- same hash:
 --   bud, budu, budn  the units the fleet may still be granted before budu
 --               (us), and the reported reset over its limit (us; 0 when
@@ -214,7 +214,7 @@ end
 -- The fleet's refusals, by the time their request was sent, in four slots
 -- of a quarter second ("f0" .. "f3", see tally): with the ring of grants,
 -- the share of the fleet's requests the provider accepted (the meter of
--- controller.go, fleet-wide).
+-- internal/control, fleet-wide).
 local meterSlot = tune.meterSlot
 local function refused(key, sent)
   tally(key, field.f, meterSlot, 4, sent, 1)
@@ -322,7 +322,7 @@ end
 -- of tolerance at interval us a unit; it never adds any): it holds at most
 -- keep units as of read, when the response was read (us; now when nil),
 -- as the provider's does once the turns the fleet was given are spent
--- (controller.go's Decision.drain; owing, below 0), and it has refilled
+-- (internal/control's Decision.drain; owing, below 0), and it has refilled
 -- at the key's rate since, as a local limiter drained when the response is
 -- read. (Drained as of now, a count that reached the script with this
 -- instance's next reservation, a tenth of a second later at 40/s over 4
@@ -331,7 +331,7 @@ end
 -- the count itself (the provider's remaining), sent when its request was
 -- sent (us; -1 unknown), lim the provider's limit (-1 for none); rate is
 -- the key's, configured, discover and floor the limiter's. The rest is
--- controller.go's counted, with the fleet's turns for the requests it
+-- internal/control's counted, with the fleet's turns for the requests it
 -- accepted: while the key's rate climbs back after a decrease, a count
 -- with nothing left levels the climb off at the rate the counts show the
 -- bucket refills at (dra and drr: the first count of a stretch below full,
@@ -342,7 +342,7 @@ end
 -- the rate); counts that fell by 2 or more with room left level it off at
 -- the refill rate too, when lower. A count that shows room (all but one
 -- unit of the limit left) runs the climb's clock 4 times as fast, while
--- the fleet's turns keep up with its rate (controller.go's roomy). A
+-- the fleet's turns keep up with its rate (internal/control's roomy). A
 -- bucket of one unit (a limit under 2) shows 0 after every request it
 -- accepts: its counts neither level nor speed it.
 local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, configured, discover, floor, lim, read)
@@ -383,7 +383,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     redis.call('HDEL', key, field.pl)
   end
   -- The mark is taken again after a level-off below the rate, and as
-  -- controller.go's drainMark.count says; levelled where it was, the
+  -- internal/control's Count says; levelled where it was, the
   -- stretch goes on measuring (see counted).
   if lvl and lvl < rate then
     redis.call('HSET', key, field.dra, string.format('%.0f', at), field.drr, string.format('%.17g', rem))
@@ -398,7 +398,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
     -- (Room speeds the climb only while the fleet's turns keep up with its
     -- rate: those granted in the time of 16 units at the rate, at least a
     -- quarter second and at most two, at 0.75 of it or more; see
-    -- controller.go's roomy and sendPace. The rate remembered is the
+    -- internal/control's roomy and sendPace. The rate remembered is the
     -- key's while they keep up, the turns' when they do not: this count,
     -- by the ring's slots, reads a little under the rate the fleet goes
     -- at, and remembered as it was it levelled the fleet off 10 to 15%
@@ -423,7 +423,7 @@ local function drain(key, tat, now, sent, keep, left, rem, b, interval, rate, co
 end
 
 -- retime applies a change of the key's rate from old to new to the turns
--- given before it (controller.go's lowerings, shared.go's retimings): the
+-- given before it (internal/control's lowerings, shared.go's retimings): the
 -- bucket's last turn (tat less burst units at the old rate; tat itself for
 -- a pacer, burst 0) moves by old/new from from (the end of the key's hold,
 -- or now: the turns inside a hold are taken again after it), with a

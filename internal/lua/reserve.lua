@@ -77,7 +77,7 @@ local kept = math.max(burst - tonumber(ARGV[20]), 0)
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local pause = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 -- The probes after a hold that a throttle without counts set (storm in
--- controller.go; ph, pk and pg in control.lua): the first pk turns
+-- internal/control; ph, pk and pg in its control.lua): the first pk turns
 -- granted from the hold's end (pc counts them) are told as probes, and each
 -- but the last puts the next a gap (pg) after it (pn). Not a hold: nothing
 -- is told on the channel, and the reply's pause leaves it out.

@@ -1,11 +1,11 @@
-package egress
+package control
 
 import (
 	"math"
 	"time"
 )
 
-// refill measures how fast a provider's bucket refills, for the dialects
+// Refill measures how fast a provider's bucket refills, for the dialects
 // that state a bucket's capacity and the time until it is full again but
 // no rate: OpenAI, Azure OpenAI and Groq (x-ratelimit-*-requests), and
 // Anthropic (anthropic-ratelimit-requests-*). OpenAI documents the reset as
@@ -41,32 +41,32 @@ import (
 // again in 2.5 s, its reset a date: 14 to 34 a second, for 20), and that is
 // enough for a key sent ten times too fast: the decrease starts again from
 // the lower bound, and a key sent above the upper one is held until the
-// Retry-After (see bucketBounds, decrease and bucketHold).
-type refill struct {
+// Retry-After (see BucketBounds, decrease and bucketHold).
+type Refill struct {
 	lo, hi float64 // bounds on the rate, units per second; hi 0: none yet
 	rate   float64 // the rate last given as the key's limit; 0: none
 }
 
 // refillFine is how many times its resolution a reset must be to bound the
-// rate; refillSlack is how far apart the bounds may be for the upper one to
+// rate; RefillSlack is how far apart the bounds may be for the upper one to
 // be the limit; refillStep and refillFall are how much the limit must rise
 // or fall to be changed (the upper bound falls in ever smaller steps).
 const (
 	refillFine  = 20
-	refillSlack = 1.30
+	RefillSlack = 1.30
 	refillStep  = 0.02
 	refillFall  = 0.005
 )
 
-// observe takes the key's requests quota q of a response (bucket: its reset
+// Observe takes the key's requests quota q of a response (bucket: its reset
 // is known to be a bucket's, by its dialect or as learnt) and returns the
 // measured limit in units per second, 0 when there is none.
-func (f *refill) observe(q Quota, bucket bool) float64 {
+func (f *Refill) Observe(q Quota, bucket bool) float64 {
 	if !bucket {
 		return f.rate
 	}
-	lo, hi, ok := bucketBounds(q)
-	if !ok || q.HasWindow || q.Reset < refillFine*resetResolution(q.Reset) || math.IsInf(hi, 0) {
+	lo, hi, ok := BucketBounds(q)
+	if !ok || q.HasWindow || q.Reset < refillFine*ResetResolution(q.Reset) || math.IsInf(hi, 0) {
 		// Nothing to bound (or a window stated, which states the rate), or
 		// a resolution too coarse for this reset to bound the rate closely,
 		// or a hostile count (a limit too large to bound anything).
@@ -78,7 +78,7 @@ func (f *refill) observe(q Quota, bucket bool) float64 {
 		f.lo, f.hi = max(f.lo, lo), min(f.hi, hi)
 	}
 	switch {
-	case f.hi <= f.lo*refillSlack:
+	case f.hi <= f.lo*RefillSlack:
 		if f.rate == 0 || f.hi < f.rate*(1-refillFall) || f.hi > f.rate*(1+refillStep) {
 			f.rate = f.hi
 		}
@@ -88,7 +88,7 @@ func (f *refill) observe(q Quota, bucket bool) float64 {
 	return f.rate
 }
 
-// bucketBounds returns the bounds one report of a bucket (quota q: its
+// BucketBounds returns the bounds one report of a bucket (quota q: its
 // capacity, the whole units it holds, the time until it is full again)
 // puts on its refill rate, in units per second, as refill's comment says:
 // (L−r−1)/(t+e) and (L−r)/(t−e), hi +Inf when t is not above e; ok false
@@ -97,11 +97,11 @@ func (f *refill) observe(q Quota, bucket bool) float64 {
 // steps of up to e, rather than continuously, stays within them too: its
 // time to full is off a continuous bucket's by a step at most. (boundsOf in
 // control.lua is the same.)
-func bucketBounds(q Quota) (lo, hi float64, ok bool) {
+func BucketBounds(q Quota) (lo, hi float64, ok bool) {
 	if !q.HasLimit || !q.HasRemaining || !q.HasReset || q.Limit < 1 || q.Remaining >= q.Limit || q.Reset <= 0 {
 		return 0, 0, false
 	}
-	t, e := q.Reset.Seconds(), resetResolution(q.Reset).Seconds()
+	t, e := q.Reset.Seconds(), ResetResolution(q.Reset).Seconds()
 	lo = max(q.Limit-q.Remaining-1, 0) / (t + e)
 	hi = math.Inf(1)
 	if t > e {
@@ -113,11 +113,11 @@ func bucketBounds(q Quota) (lo, hi float64, ok bool) {
 	return lo, hi, true
 }
 
-// resetResolution is the resolution a reset was read to: 1 ms for a
+// ResetResolution is the resolution a reset was read to: 1 ms for a
 // reset in milliseconds (OpenAI's "12ms", "1.5s"), 1 s for whole seconds
 // and for a date (the skew between the provider's clock and ours is not
 // known better).
-func resetResolution(d time.Duration) time.Duration {
+func ResetResolution(d time.Duration) time.Duration {
 	if d%time.Millisecond == 0 && d%time.Second != 0 {
 		return time.Millisecond
 	}

@@ -1,6 +1,6 @@
 -- control: a key's controller, for the whole fleet, on the Redis server's
--- clock (follows rate.lua). The same rules as ctlState.learn in
--- controller.go, applied to what one response said.
+-- clock (follows rate.lua). The same rules as State.Learn in
+-- control.go, applied to what one response said.
 --
 -- KEYS[1]  the key's learnt state (see rate.lua)
 -- KEYS[2]  the key's hold: no admission before this server time (us)
@@ -43,7 +43,7 @@
 --          quota with a reset), or drains its bucket (a success from a
 --          provider that refills continuously), else 0
 -- ARGV[29], ARGV[30]  the probes after a hold that a throttle without
---          counts sets (storm in controller.go): the gap between them
+--          counts sets (Storm in control.go): the gap between them
 --          (us), and how many after a sign or a long hold (0 for none;
 --          one, the first request after the hold, otherwise; a hold that
 --          extends one not yet ended keeps its probes); the fleet's first
@@ -53,7 +53,7 @@
 -- ARGV[31] 1 when the response is a sign of a storm (a refusal among the
 --          first requests after such a hold), which arms the probes of the
 --          holds for ARGV[23] us, fleet-wide; else 0
--- ARGV[32] 1 when the hold is long (longHold in controller.go): all its
+-- ARGV[32] 1 when the hold is long (LongHold in control.go): all its
 --          probes follow it, sign or not; else 0
 --
 -- Returns {old rate, new rate (strings, full precision), hold left in us
@@ -115,7 +115,7 @@ if ARGV[31] == '1' then
   redis.call('HSET', KEYS[1], field.parm, string.format('%.0f', now + tonumber(ARGV[23])))
 end
 
--- A start-up collision (collides in controller.go, its twin): a refusal
+-- A start-up collision (collides in control.go, its twin): a refusal
 -- to a request whose turn was given in the key's first second (hist, its
 -- first grant): sent in it, or before the latest turn it gave before any
 -- refusal was heard (hend, at most collisionQueue past it: a fleet's
@@ -236,7 +236,7 @@ if exhausted then
     elseif ARGV[22] == '1' then
       -- a throttle that says nothing at all: a unit at the floor rate
       -- (the probes' gap) at least, so that the first request after the
-      -- hold is a probe (unsaid in controller.go)
+      -- hold is a probe (unsaid in control.go)
       untilus = now + math.max(rateUnit, tonumber(ARGV[29]))
     else
       untilus = now + rateUnit
@@ -266,7 +266,7 @@ if exhausted then
       -- reset less its resolution) when the key went faster than the count
       -- says the bucket refills (and no limit is believed), or the request
       -- was sent before an earlier refusal's Retry-After ended (bucketHold
-      -- in controller.go)
+      -- in control.go)
       if throttled then
         untilus = now + math.min(reset, rateUnit)
         local s = sent
@@ -313,7 +313,7 @@ if exhausted then
     local pg, pk = tonumber(ARGV[29]), tonumber(ARGV[30])
     if ARGV[22] == '1' and pk > 0 then
       -- A throttle without counts: probes follow, a gap apart (see storm
-      -- in controller.go), the first at the hold's end; more than one
+      -- in control.go), the first at the hold's end; more than one
       -- after a sign, or a long hold, only.
       local pst = redis.call('HMGET', KEYS[1], field.parm, field.ph, field.pk)
       local armed, last, lastk = tonumber(pst[1]), tonumber(pst[2]), tonumber(pst[3])
@@ -364,7 +364,7 @@ if exhausted then
     if sent >= 0 and triesBack(gd, bk, prev, sent) and sent < bk + tune.sustained then
       -- A try of the rate the fleet was accepted at before its limit fell,
       -- refused: no decrease; the next try waits twice as long after the
-      -- hold, or none follows past a minute (controller.go's backOff).
+      -- hold, or none follows past a minute (internal/control's backOff).
       -- The throttles to the turns given before lower nothing further.
       bn = bn + 1
       local wait = tune.backHolds * 2 ^ bn * (cur - now)
@@ -391,7 +391,7 @@ if exhausted then
         local fleet = old * (g - r) / g
         if est <= 0 or fleet < est then est = fleet end
       end
-      local deepest = beta * beta * old -- the lowest one decrease goes (controller.go's decrease)
+      local deepest = beta * beta * old -- the lowest one decrease goes (internal/control's decrease)
       if est > 0 and est < old then
         wmax = math.max(est, deepest / tune.estimateMargin)
         w0 = wmax * tune.estimateMargin
@@ -417,7 +417,7 @@ if exhausted then
       if shape == 2 then
         -- The refused report says the bucket refills no faster than hi,
         -- under the aim: the climb starts again from the least it surely
-        -- refills, lo (decrease in controller.go).
+        -- refills, lo (decrease in control.go).
         local lo, hi = boundsOf()
         if lo and hi < wmax then
           wmax = hi
@@ -448,7 +448,7 @@ if exhausted then
         -- A throttle without counts after a second in which the fleet was
         -- accepted at half the rate or more, and refused nothing else: the
         -- limit fell from the rate, tried again two holds after this one
-        -- ends, or later if a try is due later (controller.go's aimBack).
+        -- ends, or later if a try is due later (internal/control's aimBack).
         if hist and hist <= now - 1000000 and g and r <= 1 and g - r >= old / 2 and (not gd or old >= gd) then
           gd, bn, bk = old, 0, nil
         end
