@@ -61,7 +61,7 @@ func TestQuietIsLearn(t *testing.T) {
 					}
 					seen[st.Shape]++
 					quiet := st
-					quiet.Quiet(&r)
+					quiet.Quiet(r.SentAt)
 					d := st.LearnAll(&cfg, &r) // learn's whole reading, which learn skips for a silent signal
 					require.True(t, reflect.DeepEqual(st, quiet), "seed %d step %d: %+v: quiet left the state otherwise than learn", seed, step, s)
 					assert.Equal(t, d.From, d.To, "seed %d step %d: learn changed the rate", seed, step)

@@ -29,6 +29,22 @@ func benchRequest(b *testing.B) *http.Request {
 	return req
 }
 
+// plainHeaders are the headers of a response that says nothing of a
+// limit, as an API answers a success: what the learning step reads of
+// every response, to find none of its own.
+func plainHeaders() http.Header {
+	return http.Header{
+		"Content-Type":              {"application/json"},
+		"Content-Length":            {"512"},
+		"Date":                      {"Sun, 29 Nov 2026 00:00:00 GMT"},
+		"Server":                    {"nginx"},
+		"Cache-Control":             {"no-cache, no-store"},
+		"Request-Id":                {"req_8f3a2c"},
+		"Vary":                      {"Accept-Encoding"},
+		"Strict-Transport-Security": {"max-age=63072000"},
+	}
+}
+
 // A rate and burst so high that every request is allowed: the benchmarks
 // measure the allowed path.
 const benchRate, benchBurst = 1e12, 1 << 30
@@ -57,6 +73,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"leakybucket", []Option{WithLimiter(lb)}},
 		{"limits", []Option{WithLimiter(lims)}},
 		{"tokenbucket+retry", []Option{WithLimiter(tb), WithRetry(RetryPolicy{})}},
+		{"tokenbucket+retry+headers", []Option{WithLimiter(tb), WithRetry(RetryPolicy{})}},
 		{"tokenbucket+priorities", []Option{WithLimiter(tb), WithPriorities(Priorities{})}},
 		{"tokenbucket+observer", []Option{WithLimiter(tb), WithObserver(Observer{
 			OnWait:   func(string, time.Duration) {},
@@ -65,6 +82,9 @@ func BenchmarkRoundTrip(b *testing.B) {
 		})}},
 	} {
 		var rt http.RoundTripper = newNop()
+		if strings.HasSuffix(bc.name, "+headers") {
+			rt = nopTransport{resp: &http.Response{StatusCode: 200, Header: plainHeaders(), Body: io.NopCloser(strings.NewReader(""))}}
+		}
 		if bc.opts != nil {
 			tr, err := New(rt, bc.opts...)
 			if err != nil {

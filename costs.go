@@ -44,6 +44,9 @@ func (c *config) checkCosts() {
 // requests.
 func (t *Transport) costOf(req *http.Request, key string) (Cost, error) {
 	if t.costs == nil {
+		if t.costFunc == nil {
+			return Cost{Requests: 1}, nil // no WithCostFunc: a request costs one
+		}
 		n := t.costFunc(req)
 		if n < 0 {
 			return Cost{}, fmt.Errorf("egress: CostFunc returned %d for key %q: a cost must not be negative", n, key)

@@ -39,11 +39,30 @@ func readBuiltin(resp *http.Response, s *Signal) {
 
 // maySignal reports whether h has a header that a built-in reader may
 // read: every one of their names holds "imit" (RateLimit, Rate-Limit,
-// Call-Limit, Limited) or "Retry".
+// Call-Limit, Limited) or "Retry". Every response's headers are looked at
+// so, one pass over each name's bytes: two strings.Contains a name were
+// 125 ns of the allowed path for eight plain headers.
 func maySignal(h http.Header) bool {
 	for name := range h {
-		if strings.Contains(name, "imit") || strings.Contains(name, "Retry") {
+		if signalName(name) {
 			return true
+		}
+	}
+	return false
+}
+
+// signalName reports whether a header's name holds "imit" or "Retry".
+func signalName(name string) bool {
+	for i := 0; i+4 <= len(name); i++ {
+		switch name[i] {
+		case 'i':
+			if name[i+1] == 'm' && name[i+2] == 'i' && name[i+3] == 't' {
+				return true
+			}
+		case 'R':
+			if i+5 <= len(name) && name[i+1] == 'e' && name[i+2] == 't' && name[i+3] == 'r' && name[i+4] == 'y' {
+				return true
+			}
 		}
 	}
 	return false

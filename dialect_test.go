@@ -404,6 +404,17 @@ func TestDialectHeaderNamesAreCanonical(t *testing.T) {
 	}
 }
 
+// TestSignalNameIsContains: signalName is strings.Contains of "imit" or
+// "Retry", at either end of a name and in names shorter than either.
+func TestSignalNameIsContains(t *testing.T) {
+	names := append(allSignalHeaders(), "", "R", "Retr", "Retry", "imi", "imit", "Limit", "X-Retry", "Xretry",
+		"Content-Type", "Date", "Server", "Strict-Transport-Security", "Imit", "X-Li-Mit", "RetrY", "Rate-Limit")
+	for _, n := range names {
+		want := strings.Contains(n, "imit") || strings.Contains(n, "Retry")
+		assert.Equal(t, want, signalName(n), "%q", n)
+	}
+}
+
 // TestRequestQuotaSameLimitTwice: two reports of the same limit and
 // remaining (Jira's Beta-RateLimit, reset in seconds, and X-RateLimit-Reset,
 // in whole minutes) are one limit: the finer is read. Two different limits

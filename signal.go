@@ -271,6 +271,12 @@ func (s *Signal) notAboutQuota(q Quota, hasQ bool) bool {
 	return control.NotAboutQuota(s.throttled(), control.Scope(s.Scope), hasQ && q.Remaining > 0)
 }
 
+// plain reports whether s says nothing of its key's limit, whatever the
+// key has learnt (control.Plain).
+func (s *Signal) plain() bool {
+	return control.Plain(len(s.Quotas) > 0, s.Status, control.Scope(s.Scope), s.throttled())
+}
+
 // response reads s for its key's controller: its most restrictive
 // requests quota (requestQuota) and its advertised limit, when it has
 // counts, and whether it is a throttle. A response without counts reads

@@ -694,20 +694,27 @@ func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 // is the key's as long as no sweep has dropped it (see AtRest); once one
 // has, s is learnt in the key's bucket of the moment, as Learn does.
 //
-// A zero s.Now says that the Transport, whose clock is tb's, did not read
-// it: a response that says nothing of the limit does not need it (see
-// control.State.Silent). learnAt reads it, into s, when s needs it.
+// A response that says nothing of the limit (the allowed path's: see
+// control.State.Silent) is only counted: it is not read into a Response,
+// and decides nothing. A zero s.Now says that the Transport, whose clock
+// is tb's, did not read it: such a response does not need it. learnAt
+// reads it, into s, when s needs it.
 func (tb *TokenBucket) learnAt(bk *tokenBucket, key string, s *Signal) Decision {
-	r := s.response()
+	plain := s.plain()
 	bk.mu.Lock()
 	if !bk.dropped {
 		if bk.ctl == nil {
 			bk.ctl = &control.State{} // (as learnLocked would)
 		}
-		if r.Now.IsZero() && !bk.ctl.Silent(&r) {
-			s.Now = tb.clock.Now()
-			r.Now = s.Now
+		if plain && !bk.ctl.Listens() {
+			bk.ctl.Quiet(s.SentAt)
+			bk.mu.Unlock()
+			return Decision{}
 		}
+		if s.Now.IsZero() {
+			s.Now = tb.clock.Now()
+		}
+		r := s.response()
 		d := tb.learnLocked(bk, &r)
 		bk.mu.Unlock()
 		return d

@@ -101,6 +101,9 @@ func New(base http.RoundTripper, opts ...Option) (*Transport, error) {
 	if c.costs != nil {
 		t.costLimiter = c.limiter.(CostLimiter) // checkCosts made sure
 	}
+	if !c.costFuncSet {
+		t.costFunc = nil // a request costs one, without a call (see costOf)
+	}
 	if t.retry != nil {
 		t.budget = retryBudget{ratio: t.retry.BudgetRatio, floor: t.retry.BudgetFloor}
 		if !t.retry.SDKRetries {

@@ -205,7 +205,7 @@ const ProbeHold = 100 * time.Millisecond
 // third of the path's cost, to decide nothing.
 func (st *State) Learn(cfg *Config, s *Response) Decision {
 	if st.Silent(s) {
-		st.Quiet(s)
+		st.Quiet(s.SentAt)
 		return Decision{}
 	}
 	return st.LearnAll(cfg, s)
@@ -263,40 +263,55 @@ func (st *State) LearnAll(cfg *Config, s *Response) Decision {
 	return d
 }
 
-// Silent reports whether s says nothing of the key's limit to st: an
-// answer (Status not 0) that is no throttle and no billing error, with no
-// quota, while the key is not waiting to tell its reset's meaning (a shape
-// learnt, or no "remaining 0" heard). learn's reading of such a signal
-// comes to quiet's, and decides nothing.
-//
-// The reasoning, step by step through learn: requestQuota finds no quota,
-// so classify says EvNone, and the request was accepted; learnShape has
-// nothing to learn (no quota to outpace, and no zero whose meaning a 2xx
-// would tell); report, with no quota, only forgets a bucket's budget (a
-// bucket has none); the meter counts an acceptance at s.SentAt, and the
-// bucket's drain mark a success; what learn does for an exhausted key (a
-// storm's probes, a hold, a decrease) does not run; advertised finds no
-// limit and refill.observe no bounds (no quota); EvNone decides nothing
-// without a quota. The rate is a function of fields none of these change, so the
-// decision is no change of it: no hold, no wait, no drain. Nothing there
-// reads s.Now either: a Transport need not read the clock for it (see
-// TokenBucket.learnAt). TestQuietIsLearn checks this against learn, on
-// states that learn built.
-func (st *State) Silent(s *Response) bool {
-	return !s.Counts && s.Status != 0 && s.Scope != ScopeBilling && !s.Throttled &&
-		(st.Shape != ShapeUnknown || st.zeroAt.IsZero())
+// Plain reports whether a response says nothing of a key's limit,
+// whatever the key has learnt: an answer (status not 0) that is no
+// throttle (throttled) and no billing error (scope), with no quota of any
+// dimension (counts). The root package asks it of a Signal before it reads
+// one into a Response (see Silent).
+func Plain(counts bool, status int, scope Scope, throttled bool) bool {
+	return !counts && status != 0 && scope != ScopeBilling && !throttled
 }
 
-// Quiet applies a signal that is silent (see Silent) to the key's state,
-// as learn would. What it skips is the reading (the quotas, twice, the
-// classification, the shape, the advertised limit), not what is recorded:
-// the meter and the drain mark feed later decisions (estimate, aimBack,
-// counted), and the send pace was recorded at the grant (spend).
-func (st *State) Quiet(s *Response) {
+// Silent reports whether s says nothing of the key's limit to st: it is
+// Plain, and the key does not listen for the meaning of its reset
+// (Listens). Learn's reading of such a response comes to Quiet's, and
+// decides nothing.
+//
+// The reasoning, step by step through Learn: no quota, so Classify says
+// EvNone, and the request was accepted; learnShape has nothing to learn
+// (no quota to outpace, and no zero whose meaning a 2xx would tell);
+// report, with no quota, only forgets a bucket's budget (a bucket has
+// none); the meter counts an acceptance at s.SentAt, and the bucket's
+// drain mark a success; what Learn does for an exhausted key (a storm's
+// probes, a hold, a decrease) does not run; no limit is advertised and
+// Refill.Observe finds no bounds (no quota); EvNone decides nothing
+// without a quota. The rate is a function of fields none of these change,
+// so the decision is no change of it: no hold, no wait, no drain. Nothing
+// there reads s.Now either: a Transport need not read the clock for it
+// (see the root's TokenBucket.learnAt). TestQuietIsLearn checks this
+// against Learn, on states that Learn built.
+func (st *State) Silent(s *Response) bool {
+	return Plain(s.Counts, s.Status, s.Scope, s.Throttled) && !st.Listens()
+}
+
+// Listens reports whether the key waits for an answer that tells what its
+// reset means: no shape learnt, and a "remaining 0" heard (see
+// learnShape). Until then even a plain response is read whole.
+func (st *State) Listens() bool {
+	return st.Shape == ShapeUnknown && !st.zeroAt.IsZero()
+}
+
+// Quiet applies a response that is silent (see Silent), to a request sent
+// at sent, to the key's state, as Learn would. What it skips is the
+// reading (the quota, the classification, the shape, the advertised
+// limit), not what is recorded: the meter and the drain mark feed later
+// decisions (estimate, aimBack, counted), and the send pace was recorded
+// at the grant (Spend).
+func (st *State) Quiet(sent time.Time) {
 	if st.Shape == ShapeBucket {
 		st.budget, st.budgetUntil, st.budgetUnit = 0, time.Time{}, 0
 	}
-	st.Meter.Add(s.SentAt, false, true)
+	st.Meter.Add(sent, false, true)
 	st.Drain.N++
 }
 
