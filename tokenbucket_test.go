@@ -249,9 +249,9 @@ func TestTokenBucketRaiseKeepsTurnsApart(t *testing.T) {
 	require.Equal(t, 190*time.Millisecond, last, "19 turns owed, 10 ms apart")
 	tb.mu.RLock()
 	bk := tb.buckets.M["k"]
-	bk.mu.Lock()
+	bk.lock()
 	bk.setRate(tb.clock.Now(), rate.Limit(101)) // 19 owed × 1%: a fifth of a token owed
-	bk.mu.Unlock()
+	bk.unlock()
 	tb.mu.RUnlock()
 	next, err := delayOf(tb.reserve("k", 1, budget{}))
 	require.NoError(t, err)

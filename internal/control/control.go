@@ -1263,6 +1263,16 @@ func (m *Meter) Add(sent time.Time, refused, accepted bool) {
 		m.First = sent.UnixNano()
 	}
 	n := sent.UnixNano() / int64(MeterSlot)
+	if refused {
+		m.addN(n, 1, 0)
+	} else {
+		m.addN(n, 0, 1)
+	}
+}
+
+// addN counts outcomes of requests sent in slot n (quarter seconds since
+// the epoch).
+func (m *Meter) addN(n int64, refused, accepted int32) {
 	i := n % int64(len(m.slot))
 	if i < 0 {
 		i += int64(len(m.slot)) // sent before 1970: a caller's own Signal may say so
@@ -1270,11 +1280,8 @@ func (m *Meter) Add(sent time.Time, refused, accepted bool) {
 	if m.slot[i] != n {
 		m.slot[i], m.accepted[i], m.refused[i] = n, 0, 0
 	}
-	if refused {
-		m.refused[i]++
-	} else {
-		m.accepted[i]++
-	}
+	m.refused[i] += refused
+	m.accepted[i] += accepted
 }
 
 // LastSecond returns the outcomes of the requests sent in the last
