@@ -23,7 +23,7 @@ import (
 )
 
 // The Go and Lua versions of the same arithmetic, run on the same inputs:
-// the scripts' pure functions (internal/lua/rate.lua) are called through
+// the scripts' pure functions (internal/control/rate.lua) are called through
 // EVAL on a real redis-server, and compared with the Go that the local
 // limiters and the controller run.
 

@@ -58,7 +58,7 @@ type budgetReport struct {
 // success (a refusal's hold is the script's). The rest of the fleet's
 // requests in flight are estimated as live instances times this
 // instance's; the script counts them exactly, from the turns it granted,
-// when it can (see report in internal/lua/rate.lua).
+// when it can (see report in internal/control/rate.lua).
 func (s *shared) budgetReportOf(sig *control.Response, q control.Quota, hasQ bool, known control.Shape) *budgetReport {
 	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == control.ScopeBilling ||
 		((known == control.ShapeBucket || q.Kind == control.ShapeBucket) && sig.Throttled) {

@@ -16,8 +16,9 @@
 // It owns the rules and their arithmetic (the CUBIC climb back, the
 // outcome meter, the storm, the send pace, the drain mark, the refill
 // measure) and the tuning constants that internal/lua's tune.lua is
-// generated from, and control.lua, the same rules for the fleet (embedded
-// as Lua; internal/lua runs it after rate.lua). It reads no clock, no
+// generated from, and control.lua and rate.lua, the same rules and
+// arithmetic for the fleet (embedded as Lua and RateLua; internal/lua
+// composes the scripts from them). It reads no clock, no
 // header and no option, keeps no key, sends nothing, and imports nothing
 // of the module but internal/clock's Later and Earlier: the root package
 // reads a response into a Response (Signal.response), keeps each key's

@@ -14,6 +14,15 @@ import (
 //go:embed control.lua
 var Lua string
 
+// RateLua is rate.lua: the pure functions the fleet's scripts share (the
+// key's effective rate and its CUBIC climb, the turn, the rings of turns
+// given and refused, the budget a report sets and what a bucket's counts
+// drain), the arithmetic of this package's State restated for Redis,
+// where internal/lua puts it before the reserve and control scripts.
+//
+//go:embed rate.lua
+var RateLua string
+
 // Response is what a key's controller reads of one response: the root
 // package's Signal, with its most restrictive requests quota chosen and
 // its throttle read (Signal.response). Every duration is relative to Now.

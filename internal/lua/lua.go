@@ -45,8 +45,8 @@ var tune string
 //go:embed fields.lua
 var fields string
 
-//go:embed rate.lua
-var rate string
+// rate is internal/control's rate.lua, beside the Go it restates.
+var rate = control.RateLua
 
 // Rate is the prelude of the reserve and control scripts: now.lua,
 // tune.lua, fields.lua, then rate.lua's pure functions (cubic, turn, the
