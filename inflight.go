@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/lease"
 )
 
 // InFlightLimiter caps how many requests of a key are in flight at once:
@@ -51,67 +52,8 @@ type InFlightLimit struct {
 
 // slots is one key's leases and waiters.
 type slots struct {
-	leases  leaseSet
+	leases  lease.Set
 	waiters []*inFlightWaiter // first come, first served; served ones removed
-}
-
-// leaseSet is one key's leases, held in no order: the arithmetic that
-// slots.lua restates for the fleet (TestLeaseSteps runs the two on one
-// fake clock). A lease ends at its time: at that instant it is no longer
-// held.
-type leaseSet []slotLease
-
-type slotLease struct {
-	id    uint64
-	until time.Time
-}
-
-// acquire takes lease id, to end life after now, when fewer than n leases
-// are held once those ended by now are dropped; otherwise it returns how
-// long until the earliest one ends (slots.lua's acquire).
-func (ls *leaseSet) acquire(id uint64, n int, now time.Time, life time.Duration) (taken bool, wait time.Duration) {
-	ls.expire(now)
-	if len(*ls) < n {
-		*ls = append(*ls, slotLease{id: id, until: now.Add(life)})
-		return true, 0
-	}
-	return false, max(0, ls.next().Sub(now))
-}
-
-// expire drops the leases that ended by now.
-func (ls *leaseSet) expire(now time.Time) {
-	kept := (*ls)[:0]
-	for _, x := range *ls {
-		if x.until.After(now) {
-			kept = append(kept, x)
-		}
-	}
-	clear((*ls)[len(kept):])
-	*ls = kept
-}
-
-// next returns when the earliest lease ends; zero when none is held.
-func (ls leaseSet) next() time.Time {
-	var t time.Time
-	for _, x := range ls {
-		if t.IsZero() || x.until.Before(t) {
-			t = x.until
-		}
-	}
-	return t
-}
-
-// release drops lease id, and reports whether it was held (slots.lua's
-// release).
-func (ls *leaseSet) release(id uint64) bool {
-	for i, x := range *ls {
-		if x.id == id {
-			(*ls)[i] = (*ls)[len(*ls)-1]
-			*ls = (*ls)[:len(*ls)-1]
-			return true
-		}
-	}
-	return false
 }
 
 type inFlightWaiter struct {
@@ -180,7 +122,7 @@ func (l *InFlightLimit) await(ctx context.Context, key string, s *slots, w *inFl
 	for {
 		// Wake when the earliest lease of the key ends, to take it back.
 		l.mu.Lock()
-		next := s.leases.next()
+		next := s.leases.Next()
 		l.mu.Unlock()
 		var expiry clock.Timer
 		var expired <-chan time.Time
@@ -244,7 +186,7 @@ func (l *InFlightLimit) leave(key string, s *slots, w *inFlightWaiter) bool {
 // expire takes back the leases of s that ended by now and hands free slots
 // to the waiters in order; l.mu is held.
 func (l *InFlightLimit) expire(s *slots, now time.Time) {
-	s.leases.expire(now)
+	s.leases.Expire(now)
 	l.serve(s, now)
 }
 
@@ -266,7 +208,7 @@ func (l *InFlightLimit) serve(s *slots, now time.Time) {
 // take gives s a new lease from now, with the next id, when fewer than n
 // are held; l.mu is held.
 func (l *InFlightLimit) take(s *slots, now time.Time) (id uint64, ok bool) {
-	if taken, _ := s.leases.acquire(l.ids+1, l.n, now, l.lease); !taken {
+	if taken, _ := s.leases.Acquire(l.ids+1, l.n, now, l.lease); !taken {
 		return 0, false
 	}
 	l.ids++
@@ -286,7 +228,7 @@ func (l *InFlightLimit) release(key string, id uint64) {
 	if s == nil {
 		return
 	}
-	if s.leases.release(id) {
+	if s.leases.Release(id) {
 		l.serve(s, l.clock.Now())
 	}
 	l.tidy(key, s)

@@ -13,12 +13,13 @@ import (
 
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/lease"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
 // The in-flight leases of one key, as step tables that run through the Go
-// (leaseSet, InFlightLimit's) and the Lua (slots.lua, SharedInFlightLimit's)
+// (lease.Set, InFlightLimit's) and the Lua (slots.lua, SharedInFlightLimit's)
 // on one fake clock: the script takes the time as its last argument, and
 // both must answer each step as the table says, exactly.
 
@@ -90,7 +91,7 @@ func leaseTables() []leaseTable {
 	}
 }
 
-// TestLeaseSteps runs each lease table through leaseSet and through
+// TestLeaseSteps runs each lease table through lease.Set and through
 // slots.lua on one fake clock.
 func TestLeaseSteps(t *testing.T) {
 	srv := redistest.Start(t)
@@ -101,12 +102,12 @@ func TestLeaseSteps(t *testing.T) {
 			start := time.Now().Truncate(time.Microsecond) // the key expires on Redis's own clock
 			fc := clock.NewFake(start)
 			key := fmt.Sprintf("egress:{leases%d}:slots", i)
-			var ls leaseSet
+			var ls lease.Set
 			for j, st := range tc.steps {
 				fc.Advance(start.Add(st.at).Sub(fc.Now()))
 				id := strconv.FormatUint(st.id, 10)
 				if st.release {
-					held := ls.release(st.id)
+					held := ls.Release(st.id)
 					reply, err := caller.Run(context.Background(), rdb, fc, script, []string{key}, releaseArgs("egress:{leases}:test", "", []string{id})...).Int64Slice()
 					require.NoError(t, err, "step %d", j)
 					r, err := parseSlots(reply)
@@ -115,7 +116,7 @@ func TestLeaseSteps(t *testing.T) {
 					assert.Equal(t, slotsReply{n: int64(b2i(st.released))}, r, "step %d: Lua's release of %d", j, st.id)
 					continue
 				}
-				taken, wait := ls.acquire(st.id, tc.n, fc.Now(), st.life)
+				taken, wait := ls.Acquire(st.id, tc.n, fc.Now(), st.life)
 				reply, err := caller.Run(context.Background(), rdb, fc, script, []string{key}, acquireArgs(id, tc.n, st.life)...).Int64Slice()
 				require.NoError(t, err, "step %d", j)
 				r, err := parseSlots(reply)

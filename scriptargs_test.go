@@ -263,10 +263,10 @@ func argvCases() []argvCase {
 		{script: "internal/control/control.lua", fixed: []any{&controlArgv{}}},
 		{script: "reserve.lua", fixed: []any{&reserveArgv{}}, each: &reserveRequest{}},
 		{script: "heartbeat.lua", fixed: []any{&heartbeatArgv{}}},
-		{script: "slots.lua", op: "acquire", fixed: []any{&slotsOp{}, &slotsAcquire{}}},
-		{script: "slots.lua", op: "adopt", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
-		{script: "slots.lua", op: "renew", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
-		{script: "slots.lua", op: "release", fixed: []any{&slotsOp{}, &slotsRelease{}}, each: &slotsReleased{}},
+		{script: "internal/lease/slots.lua", op: "acquire", fixed: []any{&slotsOp{}, &slotsAcquire{}}},
+		{script: "internal/lease/slots.lua", op: "adopt", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
+		{script: "internal/lease/slots.lua", op: "renew", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
+		{script: "internal/lease/slots.lua", op: "release", fixed: []any{&slotsOp{}, &slotsRelease{}}, each: &slotsReleased{}},
 		{script: "limits.lua", op: "reserve", fixed: []any{&limitsHead{}, &limitsReserve{}}, each: &limitsRequest{},
 			encode: func(L int) []any {
 				req := limitsRequest{limitsCosts: limitsCosts{costs: make([]int, L)}}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/fair"
+	"github.com/egress-go/egress/internal/lease"
 )
 
 //go:embed now.lua
@@ -122,8 +123,8 @@ var heartbeat string
 // too, whether the scripts publish to shard channels (publish.lua).
 var Heartbeat = prelude + heartbeat
 
-//go:embed slots.lua
-var slots string
+// slots is internal/lease's slots.lua, beside the Go it restates.
+var slots = lease.Lua
 
 // Slots takes, renews and releases the in-flight leases of one key.
 var Slots = prelude + slots

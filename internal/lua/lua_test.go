@@ -93,8 +93,8 @@ func TestNoBareTuningNumbers(t *testing.T) {
 }
 
 // scriptFiles returns the scripts of this package and their functions'
-// twins in internal/fair and internal/control (which sit beside their Go
-// twins there), by file.
+// twins in internal/fair, internal/control and internal/lease (which sit
+// beside their Go twins there), by file.
 func scriptFiles(t *testing.T) map[string]string {
 	t.Helper()
 	files, err := filepath.Glob("*.lua")
@@ -102,7 +102,7 @@ func scriptFiles(t *testing.T) map[string]string {
 		t.Fatalf("no scripts: %v", err)
 	}
 	var twins []string
-	for _, dir := range []string{"../fair", "../control"} {
+	for _, dir := range []string{"../fair", "../control", "../lease"} {
 		found, err := filepath.Glob(dir + "/*.lua")
 		if err != nil || len(found) == 0 {
 			t.Fatalf("no twins in %s: %v", dir, err)
