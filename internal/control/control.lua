@@ -74,7 +74,7 @@ local est, burst, probe = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[
 local rem, lim, unit = tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26])
 
 -- The bounds the response's count puts on a bucket's refill rate, units
--- per second (bucketBounds in refill.go): (L-r-1)/(t+e) and (L-r)/(t-e),
+-- per second (BucketBounds in refill.go): (L-r-1)/(t+e) and (L-r)/(t-e),
 -- the upper one math.huge when t is not above e; nil when the count is not
 -- a bucket's report (no limit, no remaining, no reset, the bucket full, a
 -- count too large to bound anything).

@@ -204,7 +204,7 @@ local function regrant(key, from, upto, f)
 end
 
 -- resolution returns the resolution a reset of d us was read to, as
--- resetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
+-- ResetResolution in refill.go: 1 ms for a reset in milliseconds, 1 s for
 -- whole seconds (and anything else).
 local function resolution(d)
   if d % 1000 == 0 and d % 1000000 ~= 0 then return 1000 end
