@@ -200,9 +200,9 @@ const (
 // after it, before the reset, shows a bucket (see learnShape).
 const ProbeHold = 100 * time.Millisecond
 
-// Learn applies the signal s at s.Now to the key's state and decides. A
-// signal that says nothing of the limit (silent) is only counted (quiet):
-// the allowed path's response, whose reading learnAll would make at a
+// Learn applies the response s at s.Now to the key's state and decides. A
+// response that says nothing of the limit (Silent) is only counted
+// (Quiet): the allowed path's, whose reading LearnAll would make at a
 // third of the path's cost, to decide nothing.
 func (st *State) Learn(cfg *Config, s *Response) Decision {
 	if st.Silent(s) {
@@ -212,7 +212,7 @@ func (st *State) Learn(cfg *Config, s *Response) Decision {
 	return st.LearnAll(cfg, s)
 }
 
-// LearnAll is learn for any signal: TestQuietIsLearn holds quiet to it.
+// LearnAll is Learn for any response: TestQuietIsLearn holds Quiet to it.
 func (st *State) LearnAll(cfg *Config, s *Response) Decision {
 	now := s.Now
 	var d Decision
@@ -443,7 +443,7 @@ func (st *State) exhausted(cfg *Config, s *Response, q Quota, hasQ bool, old flo
 // limit, without its headers, queues its first second's turns behind the
 // start's collisions, and forgiving their refusals at 1.1 s slowed its
 // climb: 92% of the limit over the last 5 s where it used 97%). A local
-// limiter gives a turn as it grants it (spend): the turns it gave in the
+// limiter gives a turn as it grants it (Spend): the turns it gave in the
 // first second were all sent in it.
 func (st *State) collides(cfg *Config, s *Response, ev Evidence, rate float64) bool {
 	first := st.Sent.First
@@ -1330,7 +1330,7 @@ func (m *Meter) refusedShare(now time.Time) (float64, int) {
 // hold is one: the wait the provider asked for gave it a unit. The holds
 // after a sign of a storm, and long holds (see LongHold), have more (see
 // probing), each held a gap (a unit at the floor rate, which a limit at or
-// above the floor refills) after the one before (spend holds the key that
+// above the floor refills) after the one before (Spend holds the key that
 // long after each). A refused probe was not refused for the quota: from
 // then on, for StormTTL, such throttles delay only their own request;
 // unless most of the key's recent requests are refused, which is an
