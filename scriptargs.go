@@ -250,3 +250,11 @@ func maxWaitArg(limit, now time.Time) int64 {
 	}
 	return max(micros(limit.Sub(now)), 0)
 }
+
+// b2i is a flag as a script's argument: 1 for true, 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

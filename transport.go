@@ -495,13 +495,6 @@ func (t *Transport) checkNear(key string, s *Signal) {
 	}
 }
 
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // next is what the Transport does after an attempt.
 type next uint8
 
