@@ -92,10 +92,14 @@ func (b *tokenBucket) lock() {
 // unlock opens the count of silent responses while the key's controller
 // may take one without mu (it does not listen for a reset's meaning, its
 // meter has begun, and the bucket is not dropped; see control.Quiets),
-// closes it otherwise, and lets mu go.
+// closes it otherwise (a dropped bucket's, then applying what was counted
+// before the close), and lets mu go.
 func (b *tokenBucket) unlock() {
 	if b.ctl != nil {
 		b.quiets.Open(!b.dropped && !b.ctl.Listens() && b.ctl.Meter.First > 0)
+		if b.dropped {
+			b.ctl.Settle(&b.quiets) // what was counted before the close
+		}
 	}
 	b.mu.Unlock()
 }

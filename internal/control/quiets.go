@@ -19,8 +19,9 @@ import (
 // otherwise, and the caller applies the response under the lock (Quiet).
 // The limiter opens the counter while the key does not listen for its
 // reset's meaning (State.Listens) and its meter has begun, and closes it
-// before it drops the key: an Add then fails, so that no count is left
-// behind in a State nobody settles.
+// when it drops the key, then settles what was counted before the close:
+// an Add after it fails, so that no count is left behind in a State
+// nobody settles.
 //
 // The state is one word: the open bit, the slot (the send time's quarter
 // second since the epoch, below 2⁴⁰: until the year 10,000 and more) and
