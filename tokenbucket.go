@@ -96,7 +96,7 @@ func (b *tokenBucket) lock() {
 // before the close), and lets mu go.
 func (b *tokenBucket) unlock() {
 	if b.ctl != nil {
-		b.quiets.Open(!b.dropped && !b.ctl.Listens() && b.ctl.Meter.First > 0)
+		b.quiets.Open(b.ctl, !b.dropped)
 		if b.dropped {
 			b.ctl.Settle(&b.quiets) // what was counted before the close
 		}

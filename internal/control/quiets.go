@@ -1,7 +1,6 @@
 package control
 
 import (
-	"math"
 	"sync/atomic"
 	"time"
 )
@@ -29,6 +28,7 @@ import (
 type Quiets struct {
 	w     atomic.Uint64
 	after atomic.Int64 // the first slot Add counts: the one after the meter's first outcome's
+	first int64        // the meter's first outcome after was set from; guarded by the key's lock
 }
 
 const (
@@ -57,9 +57,18 @@ func (q *Quiets) Add(sent time.Time) bool {
 	}
 }
 
-// Open opens the counter when open, and closes it otherwise; its count is
-// kept until Settle. The caller holds the key's lock.
-func (q *Quiets) Open(open bool) {
+// Open opens the counter while st may take a count without the lock
+// (may, and st does not listen for its reset's meaning, and its meter has
+// begun), and closes it otherwise; a count is kept until Settle. The
+// first slot Add counts is set from st's meter before the counter opens,
+// and again only when the meter's first outcome moved (earlier: a stale
+// slot refuses more, never less). The caller holds the key's lock.
+func (q *Quiets) Open(st *State, may bool) {
+	open := may && !st.Listens() && st.Meter.First > 0
+	if open && st.Meter.First != q.first {
+		q.first = st.Meter.First
+		q.after.Store(q.first/int64(MeterSlot) + 1)
+	}
 	for {
 		old := q.w.Load()
 		next := old &^ quietOpen
@@ -72,27 +81,19 @@ func (q *Quiets) Open(open bool) {
 	}
 }
 
-// Settle applies the responses q counted to st, as Quiet would have, and
-// sets the first slot q may count from st's meter. The caller holds the
-// key's lock.
+// Settle applies the responses q counted to st, as Quiet would have. The
+// caller holds the key's lock.
 func (st *State) Settle(q *Quiets) {
 	for {
 		old := q.w.Load()
 		c := old & quietCountMask
 		if c == 0 {
-			break
+			return
 		}
 		if q.w.CompareAndSwap(old, old&quietOpen) {
 			st.quietN(int64(old>>quietCountBits&quietSlotMask), int32(c))
-			break
+			return
 		}
-	}
-	after := int64(math.MaxInt64) // no outcome yet: the first is Quiet's, under the lock
-	if st.Meter.First > 0 {
-		after = st.Meter.First/int64(MeterSlot) + 1
-	}
-	if q.after.Load() != after {
-		q.after.Store(after)
 	}
 }
 

@@ -25,7 +25,7 @@ func TestQuietsAreQuiet(t *testing.T) {
 		var q Quiets
 		at := epoch
 		lock := func() { later.Settle(&q) }
-		unlock := func() { q.Open(!later.Listens() && later.Meter.First > 0) }
+		unlock := func() { q.Open(&later, true) }
 		for step := range 600 {
 			at = at.Add(time.Duration(rng.Int64N(int64(40 * time.Millisecond))))
 			r := randomResponse(rng, at)
