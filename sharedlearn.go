@@ -59,13 +59,13 @@ type budgetReport struct {
 // requests in flight are estimated as live instances times this
 // instance's; the script counts them exactly, from the turns it granted,
 // when it can (see report in internal/control/rate.lua).
-func (s *shared) budgetReportOf(sig *control.Response, q control.Quota, hasQ bool, known control.Shape) *budgetReport {
-	if !hasQ || !q.HasReset || q.Reset <= 0 || sig.Scope == control.ScopeBilling ||
-		((known == control.ShapeBucket || q.Kind == control.ShapeBucket) && sig.Throttled) {
+func (s *shared) budgetReportOf(resp *control.Response, q control.Quota, hasQ bool, known control.Shape) *budgetReport {
+	if !hasQ || !q.HasReset || q.Reset <= 0 || resp.Scope == control.ScopeBilling ||
+		((known == control.ShapeBucket || q.Kind == control.ShapeBucket) && resp.Throttled) {
 		return nil
 	}
-	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: sig.Now, sent: sig.SentAt,
-		inFlight: float64(sig.InFlight) * float64(max(1, s.live.Load())), kind: q.Kind, limit: -1}
+	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: resp.Now, sent: resp.SentAt,
+		inFlight: float64(resp.InFlight) * float64(max(1, s.live.Load())), kind: q.Kind, limit: -1}
 	if q.HasLimit {
 		r.limit = q.Limit
 	}
@@ -200,16 +200,16 @@ type heardSignal struct {
 	stormStarts, sign, call bool
 }
 
-// record keeps sig in the key's learnt state (this instance's meter, the
+// record keeps resp in the key's learnt state (this instance's meter, the
 // storm's probes, the shape a dialect or the meter tells) and returns what
 // the script must be told, and whether now (a reservation carries a report
 // that need not be told at once).
-func (s *shared) record(id string, sig *control.Response) heardSignal {
+func (s *shared) record(id string, resp *control.Response) heardSignal {
 	var h heardSignal
-	q, implied, hasQ := sig.Quota, sig.Implied, sig.HasQuota
-	h.ev, h.hasQ = control.Classify(sig, q, hasQ), hasQ
+	q, implied, hasQ := resp.Quota, resp.Implied, resp.HasQuota
+	h.ev, h.hasQ = control.Classify(resp, q, hasQ), hasQ
 	if s.learn.Advertise {
-		h.adv = sig.Advertised
+		h.adv = resp.Advertised
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -220,18 +220,18 @@ func (s *shared) record(id string, sig *control.Response) heardSignal {
 		s.learnt.Put(id, l)
 	}
 	if hasQ {
-		l.start.Narrow(&q, implied, sig.Now)
+		l.start.Narrow(&q, implied, resp.Now)
 	}
 	// More than twice the limit accepted in the last second, by this
 	// instance alone: a bucket (see control.Meter.Outpaced). The script is told as
 	// a dialect would tell it.
-	seenBucket := l.shape == control.ShapeUnknown && hasQ && q.Kind == control.ShapeUnknown && l.meter.Outpaced(sig.Now, q)
+	seenBucket := l.shape == control.ShapeUnknown && hasQ && q.Kind == control.ShapeUnknown && l.meter.Outpaced(resp.Now, q)
 	if seenBucket {
 		q.Kind = control.ShapeBucket
 		l.shape = control.ShapeBucket
 	}
-	l.meter.Add(sig.SentAt, h.ev == control.EvExhausted && sig.Throttled, sig.Status != 0 && !sig.Throttled)
-	s.hearStorm(id, l, sig, &h, now)
+	l.meter.Add(resp.SentAt, h.ev == control.EvExhausted && resp.Throttled, resp.Status != 0 && !resp.Throttled)
+	s.hearStorm(id, l, resp, &h, now)
 	if l.shape == control.ShapeUnknown && hasQ && q.Kind != control.ShapeUnknown {
 		l.shape = q.Kind // the dialect says; the script is told when it runs
 	}
@@ -243,8 +243,8 @@ func (s *shared) record(id string, sig *control.Response) heardSignal {
 	if est, ok := l.meter.Estimate(now, l.rate); ok {
 		h.est = est
 	}
-	h.q, h.rep = q, s.budgetReportOf(sig, q, hasQ, l.shape)
-	h.call = s.mustCall(l, sig, &h, now) || seenBucket
+	h.q, h.rep = q, s.budgetReportOf(resp, q, hasQ, l.shape)
+	h.call = s.mustCall(l, resp, &h, now) || seenBucket
 	if h.call {
 		l.report = nil // this call carries the latest
 	} else if h.rep != nil {
@@ -253,53 +253,53 @@ func (s *shared) record(id string, sig *control.Response) heardSignal {
 	return h
 }
 
-// hearStorm tells whether sig, when a throttle without counts, is a
+// hearStorm tells whether resp, when a throttle without counts, is a
 // storm's (into h), the key's learnt state being l: as the Go controller's
 // control.Storm.NotQuota does. A hold heard from the fleet counts as this
 // instance's own: the probes after it tell a storm apart as well. A probe
 // is one the script told as one (the fleet's probes are parted in Redis,
 // whatever this instance heard of the hold); the first requests after a
 // hold, by time. Called with s.mu held.
-func (s *shared) hearStorm(id string, l *learntRate, sig *control.Response, h *heardSignal, now time.Time) {
+func (s *shared) hearStorm(id string, l *learntRate, resp *control.Response, h *heardSignal, now time.Time) {
 	if pm, ok := s.pauses[id]; ok && pm.probes > 0 && pm.until.After(l.storm.HoldEnd.Add(10*time.Millisecond)) && !pm.until.After(now) {
 		l.storm.Held(pm.heard, pm.until, pm.probes, control.ProbeGap(s.learn.Floor))
 	}
 	if h.ev != control.EvExhausted || h.hasQ {
 		return
 	}
-	probe := l.probe(sig.SentAt, s.learn.Floor)
-	_, first := l.storm.After(sig.SentAt, l.rate)
+	probe := l.probe(resp.SentAt, s.learn.Floor)
+	_, first := l.storm.After(resp.SentAt, l.rate)
 	var other bool
-	if other, h.stormStarts, h.sign = l.storm.NotQuota(sig, &l.meter, probe, first); other {
+	if other, h.stormStarts, h.sign = l.storm.NotQuota(resp, &l.meter, probe, first); other {
 		h.ev = control.EvOther
 	}
 }
 
-// mustCall reports whether the script must hear sig now, the key's learnt
+// mustCall reports whether the script must hear resp now, the key's learnt
 // state being l: a throttle, a window's "remaining 0", the start of a
 // storm, a new advertised limit, or an acceptance that tells the shape.
-func (s *shared) mustCall(l *learntRate, sig *control.Response, h *heardSignal, now time.Time) bool {
+func (s *shared) mustCall(l *learntRate, resp *control.Response, h *heardSignal, now time.Time) bool {
 	switch h.ev {
 	case control.EvOther:
 		return h.stormStarts // the decreases the storm caused were mistaken: undo them
 	case control.EvExhausted:
 		// A bucket refills continuously: a "remaining 0" it answers a
 		// success with holds for one unit only, which the rate does anyway.
-		return sig.Throttled || (l.shape != control.ShapeBucket && h.q.Kind != control.ShapeBucket)
+		return resp.Throttled || (l.shape != control.ShapeBucket && h.q.Kind != control.ShapeBucket)
 	case control.EvNone:
-		accepted := sig.Status >= 200 && sig.Status < 300
+		accepted := resp.Status >= 200 && resp.Status < 300
 		return (h.adv > 0 && !(l.advertised == h.adv && now.Sub(l.wrote) < control.AdvertisedTTL/2)) ||
 			(accepted && l.shape == control.ShapeUnknown && h.q.Kind == control.ShapeUnknown &&
-				!l.zeroAt.IsZero() && sig.SentAt.After(l.zeroAt) && sig.SentAt.Before(l.zeroUntil))
+				!l.zeroAt.IsZero() && resp.SentAt.After(l.zeroAt) && resp.SentAt.Before(l.zeroUntil))
 	}
 	return false
 }
 
-// controlledLearn keeps what the script decided on sig (c) in this
+// controlledLearn keeps what the script decided on resp (c) in this
 // instance: the hold, heard at once by this process's waiters; the rate,
 // shape, storm and zero the key is known by. It returns the hold's end;
 // zero for none.
-func (s *shared) controlledLearn(id string, sig *control.Response, h *heardSignal, c controlled) (hold time.Time) {
+func (s *shared) controlledLearn(id string, resp *control.Response, h *heardSignal, c controlled) (hold time.Time) {
 	now := s.clock.Now()
 	if c.held > 0 {
 		hold = now.Add(c.held)
@@ -313,10 +313,10 @@ func (s *shared) controlledLearn(id string, sig *control.Response, h *heardSigna
 		l.storm.Until = now.Add(control.StormTTL) // another instance saw the storm
 	}
 	if c.held > 0 && c.probes > 0 {
-		l.storm.Held(sig.Now, hold, c.probes, control.ProbeGap(s.learn.Floor))
+		l.storm.Held(resp.Now, hold, c.probes, control.ProbeGap(s.learn.Floor))
 	}
-	if q := h.q; h.hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0 && q.HasReset {
-		l.zeroAt, l.zeroUntil = sig.Now, sig.Now.Add(q.Reset)
+	if q := h.q; h.hasQ && q.HasRemaining && q.Remaining-float64(resp.InFlight) <= 0 && q.HasReset {
+		l.zeroAt, l.zeroUntil = resp.Now, resp.Now.Add(q.Reset)
 	}
 	if h.adv > 0 {
 		l.advertised, l.wrote = h.adv, now
@@ -351,26 +351,26 @@ func (l *learntRate) probe(sent time.Time, floor float64) bool {
 }
 
 // control runs the control script for key id: one round trip.
-func (s *shared) control(ctx context.Context, id string, sig *control.Response, ev control.Evidence, q control.Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
+func (s *shared) control(ctx context.Context, id string, resp *control.Response, ev control.Evidence, q control.Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
 	a := controlArgv{
 		configured: s.rate.PerSecond(), discover: b2i(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor, beta: s.learn.Beta,
 		advertised: adv, advTTL: micros(control.AdvertisedTTL),
-		exhausted: b2i(ev == control.EvExhausted), throttled: b2i(sig.Throttled),
-		accepted: b2i(sig.Status >= 200 && sig.Status < http.StatusMultipleChoices),
+		exhausted: b2i(ev == control.EvExhausted), throttled: b2i(resp.Throttled),
+		accepted: b2i(resp.Status >= 200 && resp.Status < http.StatusMultipleChoices),
 		ago:      -1, reset: -1, retryAfter: -1, remaining: -1, limit: -1,
-		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(sig.InFlight) <= 0),
+		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(resp.InFlight) <= 0),
 		estimate: est, usable: s.usable, probeHold: micros(control.ProbeHold), channel: s.keyChannel(id), id: id,
 		kind: int(q.Kind), other: b2i(ev == control.EvOther), bare: b2i(!hasQ), stormTTL: micros(control.StormTTL),
 		budget: b2i(rep != nil), sign: b2i(sign),
 	}
-	if !sig.SentAt.IsZero() {
-		a.ago = max(micros(sig.Now.Sub(sig.SentAt)), 0)
+	if !resp.SentAt.IsZero() {
+		a.ago = max(micros(resp.Now.Sub(resp.SentAt)), 0)
 	}
 	if hasQ && q.HasReset {
 		a.reset = micros(q.Reset)
 	}
-	if sig.HasRetryAfter {
-		a.retryAfter = micros(sig.RetryAfter)
+	if resp.HasRetryAfter {
+		a.retryAfter = micros(resp.RetryAfter)
 	}
 	if hasQ {
 		a.remaining = q.Remaining
@@ -381,7 +381,7 @@ func (s *shared) control(ctx context.Context, id string, sig *control.Response, 
 	if rep != nil {
 		a.unit, a.inFlight = micros(rep.unit), rep.inFlight
 	}
-	probes, gap, long := s.throttleProbes(sig, hasQ)
+	probes, gap, long := s.throttleProbes(resp, hasQ)
 	a.probes, a.probeGap, a.long = probes, micros(gap), b2i(long)
 	keys := s.redisKeys(id)
 	var reply []any
@@ -397,17 +397,17 @@ func (s *shared) control(ctx context.Context, id string, sig *control.Response, 
 }
 
 // throttleProbes returns the probes after the hold that a throttle
-// without counts sets (sig, hasQ false), after a sign or a long hold (see
+// without counts sets (resp, hasQ false), after a sign or a long hold (see
 // storm), which the control script arms for the fleet: how many, the gap
 // between them, and whether the hold is long (see longHold). Another
 // signal sets none.
-func (s *shared) throttleProbes(sig *control.Response, hasQ bool) (k int, gap time.Duration, long bool) {
-	if !hasQ && sig.Throttled {
+func (s *shared) throttleProbes(resp *control.Response, hasQ bool) (k int, gap time.Duration, long bool) {
+	if !hasQ && resp.Throttled {
 		// (The hold without a Retry-After is a unit at the floor rate, or
 		// at the key's, which is not below it: see unsaid.)
 		hold := control.ProbeGap(s.learn.Floor)
-		if sig.HasRetryAfter {
-			hold = sig.RetryAfter
+		if resp.HasRetryAfter {
+			hold = resp.RetryAfter
 		}
 		k, gap = control.Probing(s.learn.Floor, hold)
 		long = control.LongHold(s.learn.Floor, hold)
