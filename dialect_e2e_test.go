@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/fakeapi"
@@ -158,20 +157,22 @@ func TestRealTimeDialectsFleet(t *testing.T) {
 		}
 		t.Run(tc.String(), func(t *testing.T) {
 			name := fmt.Sprintf("e2e%d", i)
-			e2eRun(t, tc, 4, 5, 100*time.Millisecond, 3*time.Second, tc.after20, tc.useFleet, func(t *testing.T, r Rate, burst int) Limiter {
-				return newSharedTB(t, srv.Client(t), name, r, burst, WithCommandTimeout(roomyTimeout))
+			e2eRun(t, tc, 4, 5, 100*time.Millisecond, 3*time.Second, tc.after20, tc.useFleet, func(t *testing.T, run int, r Rate, burst int) Limiter {
+				return newSharedTB(t, srv.Client(t), fmt.Sprintf("%s-%d", name, run), r, burst, WithCommandTimeout(roomyTimeout))
 			})
 		})
 	}
 }
 
-func e2eLocal(t *testing.T, r Rate, burst int) Limiter { return mustTB(t, r, burst) }
+func e2eLocal(t *testing.T, _ int, r Rate, burst int) Limiter { return mustTB(t, r, burst) }
 
 // e2eCounter is the base RoundTripper of every instance of a run: it
 // counts the refusals, blind or after the first answer.
 type e2eCounter struct {
-	start time.Time
-	first atomic.Int64 // when the first answer came back, in ns since start; 0 before
+	start   time.Time
+	latency time.Duration // the provider's
+	first   atomic.Int64  // when the first answer came back, in ns since start; 0 before
+	latest  atomic.Int64  // how late past latency the latest-read answer was read, in ns
 
 	mu           sync.Mutex
 	blind, after []time.Duration // when each refusal came back, since start
@@ -217,6 +218,9 @@ func (b e2eBase) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	now := time.Since(b.c.start)
+	if late := int64(now - sent - b.c.latency); late > b.c.latest.Load() {
+		b.c.latest.Store(late) // racy max: a later answer may lower it by a hair
+	}
 	b.c.note(now, "sent %v: %d, remaining %v", sent.Round(100*time.Microsecond), resp.StatusCode, e2eRemaining(resp.Header))
 	b.c.first.CompareAndSwap(0, int64(now))
 	if resp.StatusCode != http.StatusOK {
@@ -245,13 +249,28 @@ func (h e2eRemaining) String() string {
 	return strings.Join(rs, " ")
 }
 
+// e2eStarved is how late past the provider's latency an answer must be
+// read for a run to measure the machine as well as the limiter. A client
+// knows no more than the answers it has read: the answers of a 1 ms server
+// read 15 to 130 ms after they were sent, and out of order, had a worker
+// send on a report older than the refusal of a request sent after it (3
+// refusals after the first answer, IETF/burst2's timeline in a CI run).
+// With the three suites in parallel under -race on two cores, most runs
+// read some answer that late (measured: 40 to 210 ms at most in most cases
+// of a run, which pass), so a run that fails after reading one is run once
+// more, and the second run is judged as the first. A run that fails having
+// read every answer on time fails at once.
+const e2eStarved = 25 * time.Millisecond
+
 // e2eRun sends from workers goroutines in each of instances Transports,
 // each with its own limiter at ten times the provider's limit, for d, and
 // checks the refusals after the first answer (at most after; 2 when 0),
 // the share of the limit used in the 2nd and 3rd seconds (at least use;
 // 0.6 when 0) and that the provider was sent no more than it allows.
+// newLimiter is given the run's number, 1 or 2 (see e2eStarved): a shared
+// limiter's key must not carry what the first run learnt.
 func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Duration, after int, use float64,
-	newLimiter func(t *testing.T, r Rate, burst int) Limiter) {
+	newLimiter func(t *testing.T, run int, r Rate, burst int) Limiter) {
 	if after == 0 {
 		after = 2
 	}
@@ -261,6 +280,42 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 			use = 0.9
 		}
 	}
+	for run := 1; ; run++ {
+		c, st := e2eMeasure(t, tc, instances, workers, latency, d, func(t *testing.T, r Rate, burst int) Limiter {
+			return newLimiter(t, run, r, burst)
+		})
+		if e2eReport(t, tc, c, st, run, after, use) {
+			return
+		}
+	}
+}
+
+// e2eReport logs a run and judges it; it returns false when the run is to
+// be run again (see e2eStarved).
+func e2eReport(t *testing.T, tc e2eCase, c *e2eCounter, st fakeapi.Stats, run, after int, use float64) bool {
+	c.mu.Lock() // an instance's observer may still note a hold
+	defer c.mu.Unlock()
+	t.Logf("%v: accepted per second %v; refused blind %d, after the first answer %d at %v; answers read up to %v late",
+		tc, st.PerSecond, len(c.blind), len(c.after), c.after, c.late())
+	if tc.why != "" && after > 2 {
+		t.Logf("more than a couple of refusals allowed (%d): %s", after, tc.why)
+	}
+	fails := e2eJudge(tc, c, st, after, use)
+	if len(fails) > 0 && run == 1 && c.late() >= e2eStarved {
+		t.Logf("run 1 failed on a starved machine (%s), answers read up to %v late: run again", strings.Join(fails, "; "), c.late())
+		return false
+	}
+	for _, f := range fails {
+		t.Error(f)
+	}
+	e2eTimeline(t, c)
+	return true
+}
+
+// e2eMeasure runs the provider and the clients for d and returns what
+// they saw.
+func e2eMeasure(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Duration,
+	newLimiter func(t *testing.T, r Rate, burst int) Limiter) (*e2eCounter, fakeapi.Stats) {
 	phase := tc.phase
 	if phase == 0 && tc.limit.Kind == fakeapi.FixedWindow {
 		// The provider's windows are aligned on the clock's seconds, and
@@ -279,7 +334,7 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 	require.NoError(t, err)
 	t.Cleanup(api.Close)
 	start := time.Now()
-	counter := &e2eCounter{start: start}
+	counter := &e2eCounter{start: start, latency: latency}
 	var clients []*http.Client
 	for i := range instances {
 		base := &http.Transport{MaxIdleConnsPerHost: workers}
@@ -306,7 +361,16 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 		}
 	}
 	wg.Wait()
-	st := api.Stats(start)
+	return counter, api.Stats(start)
+}
+
+// e2eJudge returns what a run got wrong: too many refusals after the first
+// answer, too little of the limit used, more sent than the provider allows.
+func e2eJudge(tc e2eCase, c *e2eCounter, st fakeapi.Stats, after int, use float64) []string {
+	var fails []string
+	if len(c.after) > after {
+		fails = append(fails, fmt.Sprintf("refusals after the first answer: %d, at most %d", len(c.after), after))
+	}
 	used, total := 0, 0
 	for i, n := range st.PerSecond {
 		if i >= 1 && i < 3 {
@@ -314,22 +378,28 @@ func e2eRun(t *testing.T, tc e2eCase, instances, workers int, latency, d time.Du
 		}
 		total += n
 	}
-	counter.mu.Lock()
-	defer counter.mu.Unlock()
-	defer e2eTimeline(t, counter)
-	t.Logf("%v, %d×%d workers, %v latency: accepted per second %v; refused blind %d, after the first answer %d at %v",
-		tc, instances, workers, latency, st.PerSecond, len(counter.blind), len(counter.after), counter.after)
-	if tc.why != "" && after > 2 {
-		t.Logf("more than a couple of refusals allowed (%d): %s", after, tc.why)
-	}
-	assert.LessOrEqual(t, len(counter.after), after, "refusals after the first answer")
 	if tc.quota {
-		assert.GreaterOrEqual(t, float64(total), use*float64(tc.limit.Quota), "most of the quota")
-		assert.LessOrEqual(t, total, tc.limit.Quota, "within the quota")
-		return
+		if float64(total) < use*float64(tc.limit.Quota) {
+			fails = append(fails, fmt.Sprintf("most of the quota: %d used, at least %v", total, use*float64(tc.limit.Quota)))
+		}
+		if total > tc.limit.Quota {
+			fails = append(fails, fmt.Sprintf("within the quota: %d used of %d", total, tc.limit.Quota))
+		}
+		return fails
 	}
-	assert.GreaterOrEqual(t, float64(used), use*2*tc.perSec, "most of the limit in the 2nd and 3rd seconds")
-	assert.LessOrEqual(t, st.MaxPerSecond, int(tc.perSec)+int(tc.limit.Quota)+2, "within the limit")
+	if float64(used) < use*2*tc.perSec {
+		fails = append(fails, fmt.Sprintf("most of the limit in the 2nd and 3rd seconds: %d, at least %v", used, use*2*tc.perSec))
+	}
+	if limit := int(tc.perSec) + int(tc.limit.Quota) + 2; st.MaxPerSecond > limit {
+		fails = append(fails, fmt.Sprintf("within the limit: %d in a second, at most %d", st.MaxPerSecond, limit))
+	}
+	return fails
+}
+
+// late is how late past the provider's latency an answer of the run was
+// read at most.
+func (c *e2eCounter) late() time.Duration {
+	return time.Duration(c.latest.Load()).Round(time.Millisecond)
 }
 
 // e2eTimeline logs the run's timeline when the case failed: what each

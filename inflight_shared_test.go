@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -329,7 +330,13 @@ repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >=
 return 1`, nil, d.Microseconds()).Err()
 		}()
 		t.Cleanup(func() { require.NoError(t, <-done) })
-		time.Sleep(10 * time.Millisecond) // it runs
+		// It runs once a PING goes unanswered for 20 ms, where an idle
+		// server answers in a fraction of one: a sleep hoping it has
+		// begun let the command under test run first on a slow machine.
+		probe := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Millisecond, MaxRetries: -1, PoolSize: 1,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+		defer probe.Close()
+		spinUntil(t, "the server busy with the pause", func() bool { return probe.Ping(ctx).Err() != nil })
 	}
 
 	t.Run("context ends", func(t *testing.T) {

@@ -1179,21 +1179,22 @@ func TestSharedFleetPause(t *testing.T) {
 // The test proves its situation happened: the waiter had reserved its turn
 // before the pause began, the pause was heard while the waiter still
 // waited, and the waiter reserved a second time. Then, from the start of
-// Wait: the turn at 500ms, the pause until 1.3s, maxWait 1s. After the
-// turn, 500ms of maxWait is left and the pause has 800ms to go: refused at
-// once. A fresh maxWait (1s) would have covered the 800ms, and the waiter
-// would have been admitted at 1.3s, past its maxWait.
+// Wait: the turn at 1s, the pause until 2.6s, maxWait 2s. After the turn,
+// 1s of maxWait is left and the pause has 1.6s to go: refused at once. A
+// fresh maxWait (2s) would have covered the 1.6s, and the waiter would
+// have been admitted at 2.6s, past its maxWait. (At half these times the
+// pause was once not heard before the turn on a starved machine.)
 func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	srv := redistest.Start(t)
 	opts := []LimiterOption{WithCommandTimeout(roomyTimeout)}
-	a := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(2), 1, opts...)
-	b := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(2), 1, opts...)
+	a := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(1), 1, opts...)
+	b := newSharedTB(t, srv.Client(t), "maxwait-pause", PerSecond(1), 1, opts...)
 	ctx := context.Background()
-	_, err := b.Wait(ctx, "k", 1, 0) // the next turn is 500ms away
+	_, err := b.Wait(ctx, "k", 1, 0) // the next turn is 1s away
 	require.NoError(t, err)
 	require.Equal(t, int64(1), b.Stats().RoundTrips)
 
-	const maxWait = time.Second
+	const maxWait = 2 * time.Second
 	type result struct {
 		w   time.Duration
 		err error
@@ -1202,15 +1203,15 @@ func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	res := make(chan result, 1)
 	t0 := time.Now()
 	go func() {
-		w, err := b.Wait(ctx, "k", 1, maxWait) // turn at t0+500ms
+		w, err := b.Wait(ctx, "k", 1, maxWait) // turn at t0+1s
 		res <- result{w, err, time.Now()}
 	}()
 	require.Eventually(t, func() bool { return b.Stats().Admitted == 2 }, time.Second, time.Millisecond,
 		"the waiter reserved its turn")
 	require.Equal(t, int64(2), b.Stats().RoundTrips)
 
-	// The pause begins now, after the reservation, and lasts until t0+1.3s.
-	until := t0.Add(1300 * time.Millisecond)
+	// The pause begins now, after the reservation, and lasts until t0+2.6s.
+	until := t0.Add(2600 * time.Millisecond)
 	require.NoError(t, holdKey(ctx, a, "k", until))
 	id := keyID("k")
 	heard := func() bool {
@@ -1238,7 +1239,7 @@ func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	assert.Equal(t, ReasonMaxWait, le.Reason)
 	assert.Zero(t, r.w)
 	assert.Less(t, waited, maxWait, "refused at once after the turn, not at the end of maxWait")
-	assert.Greater(t, le.Wait, 500*time.Millisecond, "the wait needed runs to the end of the pause")
+	assert.Greater(t, le.Wait, time.Second, "the wait needed runs to the end of the pause")
 }
 
 // TestSharedCluster: both shapes on a three-master Redis Cluster through a
