@@ -2,8 +2,6 @@ package egress
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,6 +14,7 @@ import (
 	"github.com/egress-go/egress/internal/announce"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/lua"
+	"github.com/egress-go/egress/internal/member"
 )
 
 // SharedInFlightLimit is an InFlightLimiter for a fleet: at most n requests
@@ -54,15 +53,14 @@ import (
 // instance holds. A SharedInFlightLimit is safe for simultaneous use by
 // multiple goroutines.
 type SharedInFlightLimit struct {
-	rdb     redis.UniversalClient
-	name    string
-	n       int
-	lease   time.Duration // the longest a slot is held
-	live    time.Duration // a lease's life in Redis unless renewed
-	cfg     sharedConfig
-	id      string // this instance
-	slots   *redis.Script
-	beating *redis.Script
+	rdb    redis.UniversalClient
+	name   string
+	n      int
+	lease  time.Duration // the longest a slot is held
+	live   time.Duration // a lease's life in Redis unless renewed
+	cfg    sharedConfig
+	member *member.Member // this instance in the fleet's heartbeat set
+	slots  *redis.Script
 
 	mu      sync.Mutex
 	held    map[string]heldLease       // lease id → lease held in Redis; guarded by mu
@@ -72,8 +70,7 @@ type SharedInFlightLimit struct {
 	seq     uint64                     // guarded by mu
 
 	fallback   atomic.Pointer[InFlightLimit] // non-nil while Redis is unreachable
-	liveN      atomic.Int64
-	ann        *announce.Subs // the keys' released slots
+	ann        *announce.Subs                // the keys' released slots
 	roundTrips atomic.Int64
 	admitted   atomic.Int64
 	stop       chan struct{}
@@ -114,17 +111,14 @@ func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts 
 	if err != nil {
 		return nil, err
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
 	s := &SharedInFlightLimit{
 		rdb: rdb, name: name, n: n, lease: c.lease, live: c.liveness, cfg: c.redis,
-		id:    hex.EncodeToString(id[:]),
-		slots: redis.NewScript(lua.Slots), beating: redis.NewScript(lua.Heartbeat),
-		held: map[string]heldLease{}, local: map[string]heldLease{}, orphans: map[string]string{},
+		slots: redis.NewScript(lua.Slots),
+		held:  map[string]heldLease{}, local: map[string]heldLease{}, orphans: map[string]string{},
 		waiters: map[string][]chan struct{}{},
 		stop:    make(chan struct{}), done: make(chan struct{}),
 	}
-	s.liveN.Store(1)
+	s.member = member.New(rdb, redis.NewScript(lua.Heartbeat), s.membersKey(), slotMembersTTL, nil)
 	s.ann = announce.New(rdb, "egress:{"+name+":*}:released", s.cfg.timeout)
 	go s.background()
 	return s, nil
@@ -313,7 +307,7 @@ func (s *SharedInFlightLimit) newLease() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
-	return s.id + ":" + strconv.FormatUint(s.seq, 36)
+	return s.member.ID() + ":" + strconv.FormatUint(s.seq, 36)
 }
 
 // register adds a waiter of key id, woken when a slot of it is released.
@@ -384,7 +378,7 @@ func (s *SharedInFlightLimit) failed(err error) {
 	if s.fallback.Load() != nil {
 		return
 	}
-	live := int(max(1, s.liveN.Load()))
+	live := int(s.member.Live())
 	fb, _ := NewInFlightLimit((s.n+live-1)/live, WithLeaseTime(s.lease))
 	if s.fallback.CompareAndSwap(nil, fb) && s.cfg.onFallback != nil {
 		s.cfg.onFallback(s.name, true, err)
@@ -432,23 +426,12 @@ func (s *SharedInFlightLimit) background() {
 // enters the fallback, a success leaves it, adds the slots taken in the
 // fallback to Redis and removes the leases left there.
 func (s *SharedInFlightLimit) beat() {
-	if c, ok := s.rdb.(interface{ ReloadState(context.Context) }); ok && s.fallback.Load() != nil {
-		c.ReloadState(context.Background()) // a Cluster client learns a promoted replica
-	}
-	var r beatReply
-	err := s.do(func(ctx context.Context) error {
-		reply, err := caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, beat(s.id, slotMembersTTL, true)...).Int64Slice()
-		if err == nil {
-			r, err = parseBeat(reply)
-		}
-		return err
-	})
+	r, err := s.member.Beat(s.do, s.fallback.Load() != nil)
 	if err != nil {
 		s.failed(err)
 		return
 	}
-	s.liveN.Store(max(1, r.live))
-	s.ann.Heard(r.sharded)
+	s.ann.Heard(r.Sharded)
 	left := s.fallback.Swap(nil) != nil
 	s.adopt()
 	s.removeOrphans()
@@ -578,7 +561,7 @@ func (s *SharedInFlightLimit) Stats() SharedStats {
 		RoundTrips:    s.roundTrips.Load(),
 		Admitted:      s.admitted.Load(),
 		Fallback:      s.fallback.Load() != nil,
-		LiveInstances: int(s.liveN.Load()),
+		LiveInstances: int(s.member.Live()),
 	}
 }
 
@@ -606,9 +589,7 @@ func (s *SharedInFlightLimit) Close() error {
 		for id, leases := range by {
 			errs = append(errs, s.releaseAll(id, leases...))
 		}
-		errs = append(errs, s.do(func(ctx context.Context) error {
-			return caller.Run(ctx, s.rdb, nil, s.beating, []string{s.membersKey()}, beat(s.id, slotMembersTTL, false)...).Err()
-		}))
+		errs = append(errs, s.member.Leave(s.do))
 		if e := errors.Join(errs...); e != nil {
 			err = fmt.Errorf("egress: shared in-flight limit %s: close: %w", s.name, e)
 		}

@@ -2,13 +2,14 @@ package egress
 
 import (
 	"fmt"
-	"reflect"
 	"time"
+
+	"github.com/egress-go/egress/internal/argv"
 )
 
 // The arguments of the shared limiters' scripts, one type a script: its
 // fields are the script's ARGV, in order, each tagged with its index in
-// the script's header (internal/lua), and argv encodes them. The time, the
+// the script's header (internal/lua), and internal/argv encodes them. The time, the
 // last argument of every script, is caller.Run's (see caller.Now).
 // TestScriptArgsMatchHeaders holds each type to its script's header.
 
@@ -98,38 +99,6 @@ type reservePair struct {
 	maxWait int64 `argv:"22"`
 }
 
-// heartbeatArgv is heartbeat.lua's ARGV: an instance of the fleet says it
-// is alive (or leaves it), and counts the live ones.
-type heartbeatArgv struct {
-	id   string `argv:"1"`
-	ttl  int64  `argv:"2"` // ms an instance counts as live after its last beat
-	join int    `argv:"3"` // 1: add the instance; 0: remove it (Close)
-}
-
-// beat returns the heartbeat script's arguments for instance id, live for
-// ttl after it, joining (or leaving) the fleet.
-func beat(id string, ttl time.Duration, join bool) []any {
-	return argv(make([]any, 0, 4), &heartbeatArgv{id: id, ttl: ttl.Milliseconds(), join: b2i(join)})
-}
-
-// beatReply is heartbeat.lua's reply: the live instances, and whether
-// the scripts publish the fleet's announcements to shard channels
-// (internal/lua/publish.lua; see internal/announce).
-type beatReply struct {
-	live    int64
-	sharded bool
-}
-
-// parseBeat checks and reads heartbeat.lua's reply: a count that is not
-// negative, and a flag of 0 or 1. A malformed reply is an error, never a
-// panic.
-func parseBeat(reply []int64) (beatReply, error) {
-	if len(reply) != 2 || reply[0] < 0 || reply[1] < 0 || reply[1] > 1 {
-		return beatReply{}, fmt.Errorf("malformed reply %v", reply)
-	}
-	return beatReply{live: reply[0], sharded: reply[1] == 1}, nil
-}
-
 // slots.lua's ARGV, a type an operation: its ARGV[1] (slotsOp), then
 // the operation's own arguments.
 
@@ -167,14 +136,14 @@ type slotsReleased struct {
 // acquireArgs returns slots.lua's arguments to take lease, for life, when
 // fewer than most are live.
 func acquireArgs(lease string, most int, life time.Duration) []any {
-	return argv(argv(make([]any, 0, 5), &slotsOp{"acquire"}), &slotsAcquire{lease: lease, most: most, life: micros(life)})
+	return argv.Append(argv.Append(make([]any, 0, 5), &slotsOp{"acquire"}), &slotsAcquire{lease: lease, most: most, life: micros(life)})
 }
 
 // leasesArgs returns slots.lua's arguments to adopt or renew leases.
 func leasesArgs(op string, leases []slotsLease) []any {
-	args := argv(make([]any, 0, 2+2*len(leases)), &slotsOp{op})
+	args := argv.Append(make([]any, 0, 2+2*len(leases)), &slotsOp{op})
 	for i := range leases {
-		args = argv(args, &leases[i])
+		args = argv.Append(args, &leases[i])
 	}
 	return args
 }
@@ -182,10 +151,10 @@ func leasesArgs(op string, leases []slotsLease) []any {
 // releaseArgs returns slots.lua's arguments to remove leases, each one
 // removed announced on channel with payload.
 func releaseArgs(channel, payload string, leases []string) []any {
-	args := argv(make([]any, 0, 4+len(leases)), &slotsOp{"release"})
-	args = argv(args, &slotsRelease{channel: channel, payload: payload})
+	args := argv.Append(make([]any, 0, 4+len(leases)), &slotsOp{"release"})
+	args = argv.Append(args, &slotsRelease{channel: channel, payload: payload})
 	for _, l := range leases {
-		args = argv(args, &slotsReleased{lease: l})
+		args = argv.Append(args, &slotsReleased{lease: l})
 	}
 	return args
 }
@@ -205,41 +174,6 @@ func parseSlots(reply []int64) (slotsReply, error) {
 		return slotsReply{}, fmt.Errorf("malformed reply %v", reply)
 	}
 	return slotsReply{n: reply[0], wait: time.Duration(reply[1]) * time.Microsecond}, nil
-}
-
-// argv appends the fields of v, a pointer to one of the types above, to
-// args, in order (embedded structs in place, a slice element by element).
-func argv(args []any, v any) []any {
-	return appendFields(args, reflect.ValueOf(v).Elem())
-}
-
-func appendFields(args []any, v reflect.Value) []any {
-	for i := range v.NumField() {
-		args = appendValue(args, v.Field(i))
-	}
-	return args
-}
-
-// appendValue appends f to args: a struct's fields, a slice's elements,
-// or f itself.
-func appendValue(args []any, f reflect.Value) []any {
-	switch f.Kind() {
-	case reflect.Struct:
-		return appendFields(args, f)
-	case reflect.Slice:
-		for j := range f.Len() {
-			args = appendValue(args, f.Index(j))
-		}
-		return args
-	case reflect.Float64:
-		return append(args, f.Float())
-	case reflect.Int, reflect.Int64:
-		return append(args, f.Int())
-	case reflect.String:
-		return append(args, f.String())
-	default:
-		panic("egress: a script argument of kind " + f.Kind().String())
-	}
 }
 
 // maxWaitArg is a request's max wait from now until limit, as the scripts

@@ -3,6 +3,8 @@ package egress
 import (
 	"fmt"
 	"time"
+
+	"github.com/egress-go/egress/internal/argv"
 )
 
 // limits.lua's ARGV, a type a part: its head (limitsHead: the operation,
@@ -103,7 +105,7 @@ type limitsWindow struct {
 // limitsArgs returns limits.lua's head for op and limits, with room for
 // more arguments and the time.
 func limitsArgs(op string, limits []limitsLimit, more int) []any {
-	return argv(make([]any, 0, 2+4*len(limits)+more+1), &limitsHead{op: op, count: len(limits), limits: limits})
+	return argv.Append(make([]any, 0, 2+4*len(limits)+more+1), &limitsHead{op: op, count: len(limits), limits: limits})
 }
 
 // limitsReserveArgs returns limits.lua's arguments to reserve turns for
@@ -114,12 +116,12 @@ func limitsReserveArgs(limits []limitsLimit, horizon int64, reqs []limitsRequest
 	if horizon > 0 {
 		group += 5
 	}
-	args := argv(limitsArgs("reserve", limits, 1+group*len(reqs)), &limitsReserve{horizon: horizon})
+	args := argv.Append(limitsArgs("reserve", limits, 1+group*len(reqs)), &limitsReserve{horizon: horizon})
 	for i := range reqs {
 		if horizon > 0 {
-			args = argv(args, &reqs[i])
+			args = argv.Append(args, &reqs[i])
 		} else {
-			args = argv(args, &reqs[i].limitsCosts)
+			args = argv.Append(args, &reqs[i].limitsCosts)
 		}
 	}
 	return args
@@ -127,18 +129,18 @@ func limitsReserveArgs(limits []limitsLimit, horizon int64, reqs []limitsRequest
 
 // limitsSettleArgs returns limits.lua's arguments to settle a grant.
 func limitsSettleArgs(limits []limitsLimit, s *limitsSettle) []any {
-	return argv(limitsArgs("settle", limits, 4+2*len(s.costs)), s)
+	return argv.Append(limitsArgs("settle", limits, 4+2*len(s.costs)), s)
 }
 
 // limitsLearnArgs returns limits.lua's arguments to learn a hold and caps.
 func limitsLearnArgs(limits []limitsLimit, l *limitsLearn) []any {
-	return argv(limitsArgs("learn", limits, 3+3*len(l.caps)), l)
+	return argv.Append(limitsArgs("learn", limits, 3+3*len(l.caps)), l)
 }
 
 // limitsWindowArgs returns limits.lua's arguments to read window limit i
 // (1-based), unless it holds more than most grants.
 func limitsWindowArgs(limits []limitsLimit, i, most int) []any {
-	return argv(limitsArgs("window", limits, 2), &limitsWindow{limit: i, most: most})
+	return argv.Append(limitsArgs("window", limits, 2), &limitsWindow{limit: i, most: most})
 }
 
 // limitsReserved is limits.lua's reply to a reserve: the server's now,

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egress-go/egress/internal/argv"
+	"github.com/egress-go/egress/internal/member"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -232,10 +234,10 @@ func checkArgvIndices(t *testing.T, name string, tc argvCase, defs map[string]st
 		assert.Equal(t, tc.op, got[0], "%s: its encoder's operation", name)
 	} else {
 		for _, v := range tc.fixed {
-			got = argv(got, v)
+			got = argv.Append(got, v)
 		}
 		if tc.each != nil {
-			got = argv(got, tc.each)
+			got = argv.Append(got, tc.each)
 		}
 	}
 	assert.Len(t, got, len(slots), "%s, L=%d: a value a field", name, L)
@@ -262,7 +264,7 @@ func argvCases() []argvCase {
 	return []argvCase{
 		{script: "internal/control/control.lua", fixed: []any{&controlArgv{}}},
 		{script: "reserve.lua", fixed: []any{&reserveArgv{}}, each: &reserveRequest{}},
-		{script: "heartbeat.lua", fixed: []any{&heartbeatArgv{}}},
+		{script: "internal/member/heartbeat.lua", fixed: []any{&member.Args{}}},
 		{script: "internal/lease/slots.lua", op: "acquire", fixed: []any{&slotsOp{}, &slotsAcquire{}}},
 		{script: "internal/lease/slots.lua", op: "adopt", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
 		{script: "internal/lease/slots.lua", op: "renew", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
@@ -293,19 +295,6 @@ func TestSlotsReply(t *testing.T) {
 	assert.Equal(t, slotsReply{n: 0, wait: 1500 * time.Microsecond}, r)
 	for _, bad := range [][]int64{nil, {1}, {1, 0, 0}, {-1, 0}, {0, -1}} {
 		_, err := parseSlots(bad)
-		assert.Error(t, err, "%v", bad)
-	}
-}
-
-func TestBeatReply(t *testing.T) {
-	r, err := parseBeat([]int64{3, 1})
-	require.NoError(t, err)
-	assert.Equal(t, beatReply{live: 3, sharded: true}, r)
-	r, err = parseBeat([]int64{0, 0})
-	require.NoError(t, err)
-	assert.Equal(t, beatReply{}, r)
-	for _, bad := range [][]int64{nil, {1}, {1, 0, 0}, {-1, 0}, {1, 2}, {1, -1}} {
-		_, err := parseBeat(bad)
 		assert.Error(t, err, "%v", bad)
 	}
 }

@@ -2,7 +2,6 @@ package egress
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -24,6 +23,7 @@ import (
 	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/lua"
+	"github.com/egress-go/egress/internal/member"
 )
 
 // SharedTokenBucket is a token bucket per key whose limit holds for a whole
@@ -145,20 +145,18 @@ type shared struct {
 	capacity int     // the largest cost ever granted
 	depth    int     // pacer: the queue depth in cost units; -1 for none
 	cfg      sharedConfig
-	id       string // this instance, in the fleet's heartbeat set
+	member   *member.Member // this instance in the fleet's heartbeat set
 	clock    clock.Clock
 	local    func(share Rate) Limiter // the fallback at a share of the rate
 	onMoved  func(id, payload string) // a SharedLimits' moved turns, "<key id> m <payload>"; nil for others
 	coalesce bool                     // false only in measurements
 
-	learn                                         control.Config
-	reserveScript, controlScript, heartbeatScript *redis.Script
+	learn                        control.Config
+	reserveScript, controlScript *redis.Script
 
 	calls                caller.Caller // how it waits for Redis
 	roundTrips, admitted atomic.Int64
-	live                 atomic.Int64
 	ann                  *announce.Subs                // the fleet's channels
-	lastBeat             atomic.Int64                  // unix ns (wall clock) of the last heartbeat that Redis took
 	fallback             atomic.Pointer[fallbackState] // nil in shared mode
 	fallbackShare        atomic.Uint64                 // float64 bits: the fallback's rate over the configured one
 	lastFallback         atomic.Pointer[fallbackState] // the fallback last left, and when
@@ -316,29 +314,26 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		return nil, err
 	}
 	lc.Fleet = true // (its burst: the usable one, once known)
-	var id [8]byte
-	rand.Read(id[:])
 	s := &shared{
-		rdb: rdb, name: name, rate: r, cfg: cfg, id: hex.EncodeToString(id[:]),
-		learn:           lc,
-		clock:           cfg.clock,
-		coalesce:        true,
-		reserveScript:   redis.NewScript(lua.Reserve),
-		controlScript:   redis.NewScript(lua.Control),
-		heartbeatScript: redis.NewScript(lua.Heartbeat),
-		learnt:          keyed.New[*learntRate](),
-		lanes:           keyed.New[*batchLane](),
-		pauses:          make(map[string]pauseMark),
-		moved:           keyed.New[*retimings](),
-		stop:            make(chan struct{}),
-		done:            make(chan struct{}),
+		rdb: rdb, name: name, rate: r, cfg: cfg,
+		learn:         lc,
+		clock:         cfg.clock,
+		coalesce:      true,
+		reserveScript: redis.NewScript(lua.Reserve),
+		controlScript: redis.NewScript(lua.Control),
+		learnt:        keyed.New[*learntRate](),
+		lanes:         keyed.New[*batchLane](),
+		pauses:        make(map[string]pauseMark),
+		moved:         keyed.New[*retimings](),
+		stop:          make(chan struct{}),
+		done:          make(chan struct{}),
 	}
 	s.ann = announce.New(rdb, "egress:{"+name+":*}:pauses", cfg.timeout)
 	if s.clock == nil {
 		s.clock = clock.Real{}
 	}
+	s.member = member.New(rdb, redis.NewScript(lua.Heartbeat), s.membersKey(), s.instanceTTL(), s.clock)
 	s.calls.Timeout = cfg.timeout
-	s.live.Store(1)
 	return s, nil
 }
 
@@ -578,7 +573,7 @@ func (s *shared) Stats() SharedStats {
 		RoundTrips:    s.roundTrips.Load(),
 		Admitted:      s.admitted.Load(),
 		Fallback:      s.fallback.Load() != nil,
-		LiveInstances: int(s.live.Load()),
+		LiveInstances: int(s.member.Live()),
 	}
 }
 
@@ -591,10 +586,7 @@ func (s *shared) Stats() SharedStats {
 func (s *shared) Close() error {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
-	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
-		return caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, beat(s.id, s.instanceTTL(), false)...).Err()
-	})
-	if err != nil {
+	if err := s.member.Leave(s.do); err != nil {
 		// The instance's heartbeat expires on its own (instanceTTL).
 		return fmt.Errorf("egress: shared limiter %s: close: %w", s.name, err)
 	}
@@ -609,7 +601,7 @@ func (s *shared) instanceTTL() time.Duration { return 3 * s.cfg.heartbeat }
 // discovered), not of the configured one.
 func (s *shared) failed(err error) {
 	share := s.cfg.fallbackRate
-	live := int(max(1, s.live.Load()))
+	live := int(s.member.Live())
 	if share == (Rate{}) {
 		share = Rate{n: s.rate.n / float64(live), per: s.rate.per}
 	}
@@ -662,7 +654,7 @@ func (s *shared) background() {
 			// heartbeat periods (see beatDue); probe four times a period
 			// while in fallback, to return to shared mode soon after Redis
 			// does.
-			if s.fallback.Load() != nil || now.Sub(time.Unix(0, s.lastBeat.Load())) >= idleBeat*s.cfg.heartbeat {
+			if s.fallback.Load() != nil || s.member.Since(now) >= idleBeat*s.cfg.heartbeat {
 				s.beat()
 			}
 			// (A subscription whose client was closed is made again
@@ -678,24 +670,12 @@ func (s *shared) background() {
 // beat sends a heartbeat and learns the live count; it also probes Redis:
 // a failure enters fallback, a success leaves it.
 func (s *shared) beat() {
-	if c, ok := s.rdb.(interface{ ReloadState(context.Context) }); ok && s.fallback.Load() != nil {
-		// A Cluster client learns a promoted replica only at its periodic
-		// reload: ask for one while probing.
-		c.ReloadState(context.Background())
-	}
-	var r beatReply
-	err := s.calls.Do(context.Background(), func(ctx context.Context) error {
-		reply, err := caller.Run(ctx, s.rdb, s.clock, s.heartbeatScript, []string{s.membersKey()}, beat(s.id, s.instanceTTL(), true)...).Int64Slice()
-		if err == nil {
-			r, err = parseBeat(reply)
-		}
-		return err
-	})
+	r, err := s.member.Beat(s.do, s.fallback.Load() != nil)
 	if err != nil {
 		s.failed(err)
 		return
 	}
-	s.beaten(r)
+	s.ann.Heard(r.Sharded)
 	if fb := s.fallback.Swap(nil); fb != nil {
 		s.lastFallback.Store(&fallbackState{limiter: fb.limiter, left: s.clock.Now()})
 		if s.cfg.onFallback != nil {
@@ -704,13 +684,9 @@ func (s *shared) beat() {
 	}
 }
 
-// beaten records a heartbeat Redis took, and what it returned: the live
-// count, and the scripts' channels.
-func (s *shared) beaten(r beatReply) {
-	s.live.Store(max(1, r.live))
-	s.ann.Heard(r.sharded)
-	s.lastBeat.Store(time.Now().UnixNano())
-}
+// do runs f as a command to Redis, with the command timeout (see
+// caller.Caller.Do).
+func (s *shared) do(f func(context.Context) error) error { return s.calls.Do(context.Background(), f) }
 
 // Heartbeats ride on reservations: a reservation made half a heartbeat
 // period or more after the last beat carries one, in the same round trip
@@ -724,7 +700,7 @@ const idleBeat = 2
 
 // beatDue reports whether a reservation should carry a heartbeat.
 func (s *shared) beatDue() bool {
-	return s.fallback.Load() == nil && time.Since(time.Unix(0, s.lastBeat.Load())) >= s.cfg.heartbeat/2
+	return s.fallback.Load() == nil && s.member.Since(time.Now()) >= s.cfg.heartbeat/2
 }
 
 // hear records a pause announced on the channel, "<key id> <us left>" (with

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/lua"
+	"github.com/egress-go/egress/internal/member"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -147,7 +149,7 @@ func TestSharedStartMargin(t *testing.T) {
 		{256, startWindow, 9.5},                       // after it
 	}
 	for i, st := range steps {
-		l.live.Store(st.live)
+		l.member.Assume(st.live)
 		assert.InDelta(t, st.want, l.usableAt("id", t0.Add(st.at)), 1e-9, "step %d: %+v", i, st)
 	}
 }
@@ -170,7 +172,7 @@ func startOf256(t *testing.T, name string) (*SharedTokenBucket, *clock.Fake, tim
 			l.lanes.Put(id, &batchLane{born: start})
 		}
 		l.mu.Unlock()
-		l.live.Store(256) // (a heartbeat riding on a call counts this instance alone)
+		l.member.Assume(256) // (a heartbeat riding on a call counts this instance alone)
 		res, _, err := l.runReserve(id, []*pending{{cost: 1}})
 		require.NoError(t, err)
 		require.Zero(t, res[0].code)
@@ -299,6 +301,7 @@ func newBeating(t *testing.T, rdb redis.UniversalClient, hb time.Duration) *shar
 	s, err := newShared("t", rdb, "beats", PerSecond(50), []LimiterOption{WithCommandTimeout(roomyTimeout)})
 	require.NoError(t, err)
 	s.cfg.heartbeat = hb
+	s.member = member.New(rdb, redis.NewScript(lua.Heartbeat), s.membersKey(), s.instanceTTL(), s.clock) // live for 3 × hb
 	s.shape, s.burst, s.capacity, s.depth, s.usable = "tb", 1, 1, -1, 1
 	s.local = func(share Rate) Limiter { return s.fallbackBucket(share) }
 	s.start()
@@ -351,9 +354,9 @@ func TestSharedNoScriptReloadsThePair(t *testing.T) {
 	rdb.AddHook(cc)
 	ctx := context.Background()
 	s := newBeating(t, rdb, 2*time.Second) // first tick at 500 ms
-	require.Eventually(t, func() bool { return s.lastBeat.Load() != 0 }, 3*time.Second, 5*time.Millisecond, "the start's beat")
+	require.Eventually(t, func() bool { return s.member.Beaten() }, 3*time.Second, 5*time.Millisecond, "the start's beat")
 	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-	s.lastBeat.Store(0) // the next reservation carries a beat
+	s.member.Forget() // the next reservation carries a beat
 	cc.mu.Lock()
 	cc.beats, cc.pipes = 0, 0
 	cc.mu.Unlock()
@@ -368,7 +371,7 @@ func TestSharedNoScriptReloadsThePair(t *testing.T) {
 	assert.Equal(t, int64(1), s.Stats().RoundTrips)
 
 	// Loaded now: the next reservation that carries a beat is one pipeline.
-	s.lastBeat.Store(0)
+	s.member.Forget()
 	_, err = s.Wait(ctx, "k", 1, 0)
 	require.NoError(t, err)
 	cc.mu.Lock()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/control"
@@ -81,7 +82,7 @@ func (s *shared) usableAt(id string, now time.Time) float64 {
 	if s.burst == 0 || !ok || now.Sub(l.born) >= startWindow {
 		return s.usable
 	}
-	f := min(1, float64(s.live.Load()-1)/startFleet)
+	f := min(1, float64(s.member.Live()-1)/startFleet)
 	if f <= 0 {
 		return s.usable
 	}
@@ -458,15 +459,15 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 		a.horizon, group = micros(fleetHorizon), 6
 		keys = append(keys, s.sharesKey(id))
 	}
-	args = argv(make([]any, 0, 21+group*len(batch)), &a)
+	args = argv.Append(make([]any, 0, 21+group*len(batch)), &a)
 	for _, p := range batch {
 		r := reserveRequest{reservePair: reservePair{cost: p.cost, maxWait: maxWaitArg(p.limit, now)},
 			level: p.turn.level, share: p.turn.share, tenant: p.turn.tenant, weight: p.turn.weight}
 		if !ordered {
-			args = argv(args, &r.reservePair)
+			args = argv.Append(args, &r.reservePair)
 			continue
 		}
-		args = argv(args, &r)
+		args = argv.Append(args, &r)
 	}
 	return keys, args, first
 }
@@ -493,12 +494,10 @@ func (s *shared) pipeBeating(ctx context.Context, keys []string, args []any,
 	pipe := s.rdb.Pipeline()
 	now := caller.Now(s.clock)
 	rc := run(s.reserveScript, ctx, pipe, keys, append(args, now)...)
-	hc := run(s.heartbeatScript, ctx, pipe, []string{s.membersKey()}, append(beat(s.id, s.instanceTTL(), true), now)...)
+	hc := s.member.Pipe(ctx, pipe, now, run)
 	_, _ = pipe.Exec(ctx)
-	if reply, err := hc.Int64Slice(); err == nil {
-		if r, err := parseBeat(reply); err == nil {
-			s.beaten(r)
-		}
+	if r, ok := s.member.Took(hc); ok {
+		s.ann.Heard(r.Sharded)
 	}
 	return rc
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/control"
 )
@@ -65,7 +66,7 @@ func (s *shared) budgetReportOf(resp *control.Response, q control.Quota, hasQ bo
 		return nil
 	}
 	r := &budgetReport{remaining: q.Remaining, reset: q.Reset, read: resp.Now, sent: resp.SentAt,
-		inFlight: float64(resp.InFlight) * float64(max(1, s.live.Load())), kind: q.Kind, limit: -1}
+		inFlight: float64(resp.InFlight) * float64(s.member.Live()), kind: q.Kind, limit: -1}
 	if q.HasLimit {
 		r.limit = q.Limit
 	}
@@ -387,7 +388,7 @@ func (s *shared) control(ctx context.Context, id string, resp *control.Response,
 	var reply []any
 	err := s.calls.Do(ctx, func(ctx context.Context) error {
 		var err error
-		reply, err = caller.Run(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, argv(make([]any, 0, 33), &a)...).Slice()
+		reply, err = caller.Run(ctx, s.rdb, s.clock, s.controlScript, []string{keys[2], keys[1], keys[0], keys[3]}, argv.Append(make([]any, 0, 33), &a)...).Slice()
 		return err
 	})
 	if err != nil {

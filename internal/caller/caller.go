@@ -11,6 +11,7 @@ package caller
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +19,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress/internal/clock"
-	"github.com/egress-go/egress/internal/lua"
 )
 
 // Caller calls Redis for one limiter: each command is waited for
@@ -193,13 +193,13 @@ func Run(ctx context.Context, c redis.Scripter, clk clock.Clock, script *redis.S
 	return script.Run(ctx, c, keys, append(args, Now(clk))...)
 }
 
-// Now is the time argument of a script (lua.Now): the Redis
+// Now is the time argument of a script (internal/lua's now.lua): the Redis
 // server's clock, unless clk is a clock of a test's own (a fake one), whose
 // time the script then takes as its now: the test runs the script and its
 // Go twin on the same instants. A nil clk is the server's.
 func Now(clk clock.Clock) string {
 	if _, real := clk.(clock.Real); real || clk == nil {
-		return lua.Now(true, time.Time{})
+		return "@"
 	}
-	return lua.Now(false, clk.Now())
+	return "@" + strconv.FormatInt(clk.Now().UnixMicro(), 10)
 }

@@ -2,36 +2,27 @@
 // Each is one atomic decision on the server's clock; see each file's header
 // for its keys, arguments and reply. Every script begins with now.lua: its
 // last argument is the time, "@" for the server's (TIME) or "@<us>" for a
-// time a test gives (see Now). The scripts that restate the Go's arithmetic
-// follow it with tune.lua, the Go's constants, and those that keep state in
-// hashes with fields.lua, the names of the hashes' fields, written once in
-// the Go (sharedfields.go); both generated (go generate).
+// time a test gives (see internal/caller's Now). The scripts that restate
+// the Go's arithmetic follow it with tune.lua, the Go's constants, and
+// those that keep state in hashes with fields.lua, the names of the
+// hashes' fields, written once in the Go (sharedfields.go); both generated
+// (go generate). A script that restates a package's Go sits beside it in
+// that package, which embeds it; this one composes them.
 package lua
 
 import (
 	_ "embed"
 	"regexp"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/fair"
 	"github.com/egress-go/egress/internal/lease"
+	"github.com/egress-go/egress/internal/member"
 )
 
 //go:embed now.lua
 var now string
-
-// Now is the last argument of every script: the Redis server's clock when
-// server is true, else t in microseconds (a test's fake clock, so that a
-// script and its Go twin run on the same instants).
-func Now(server bool, t time.Time) string {
-	if server {
-		return "@"
-	}
-	return "@" + strconv.FormatInt(t.UnixMicro(), 10)
-}
 
 //go:embed publish.lua
 var publish string
@@ -116,8 +107,8 @@ var Fair = fair.OrderLua + fair.SharesLua + fairstate
 // the shape of its quota, the advertised and discovered rate.
 var Control = inline(prelude + rate + control.Lua)
 
-//go:embed heartbeat.lua
-var heartbeat string
+// heartbeat is internal/member's heartbeat.lua, beside the Go that beats.
+var heartbeat = member.Lua
 
 // Heartbeat records a live instance and counts the live ones; it says,
 // too, whether the scripts publish to shard channels (publish.lua).
