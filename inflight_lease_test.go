@@ -108,22 +108,22 @@ func TestLeaseSteps(t *testing.T) {
 				id := strconv.FormatUint(st.id, 10)
 				if st.release {
 					held := ls.Release(st.id)
-					reply, err := caller.Run(context.Background(), rdb, fc, script, []string{key}, releaseArgs("egress:{leases}:test", "", []string{id})...).Int64Slice()
+					reply, err := caller.Run(context.Background(), rdb, fc, script, []string{key}, lease.ReleaseArgs("egress:{leases}:test", "", []string{id})...).Int64Slice()
 					require.NoError(t, err, "step %d", j)
-					r, err := parseSlots(reply)
+					r, err := lease.ParseReply(reply)
 					require.NoError(t, err, "step %d", j)
 					assert.Equal(t, st.released, held, "step %d: Go's release of %d", j, st.id)
-					assert.Equal(t, slotsReply{n: int64(b2i(st.released))}, r, "step %d: Lua's release of %d", j, st.id)
+					assert.Equal(t, lease.Reply{N: int64(b2i(st.released))}, r, "step %d: Lua's release of %d", j, st.id)
 					continue
 				}
 				taken, wait := ls.Acquire(st.id, tc.n, fc.Now(), st.life)
-				reply, err := caller.Run(context.Background(), rdb, fc, script, []string{key}, acquireArgs(id, tc.n, st.life)...).Int64Slice()
+				reply, err := caller.Run(context.Background(), rdb, fc, script, []string{key}, lease.AcquireArgs(id, tc.n, st.life)...).Int64Slice()
 				require.NoError(t, err, "step %d", j)
-				r, err := parseSlots(reply)
+				r, err := lease.ParseReply(reply)
 				require.NoError(t, err, "step %d", j)
 				assert.Equal(t, st.taken, taken, "step %d: Go's acquire of %d", j, st.id)
 				assert.Equal(t, st.wait, wait, "step %d: Go's wait", j)
-				assert.Equal(t, slotsReply{n: int64(b2i(st.taken)), wait: st.wait}, r, "step %d: Lua's acquire of %d", j, st.id)
+				assert.Equal(t, lease.Reply{N: int64(b2i(st.taken)), Wait: st.wait}, r, "step %d: Lua's acquire of %d", j, st.id)
 			}
 		})
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/egress-go/egress/internal/announce"
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/lease"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/member"
 )
@@ -239,29 +240,29 @@ func (s *SharedInFlightLimit) errClosed() error {
 
 // try runs the acquire script for lease on key id: whether it got a slot,
 // and if not how long until the earliest lease expires.
-func (s *SharedInFlightLimit) try(id, lease string) (bool, time.Duration, error) {
+func (s *SharedInFlightLimit) try(id, lid string) (bool, time.Duration, error) {
 	s.roundTrips.Add(1)
 	var reply []int64
 	err := s.do(func(ctx context.Context) error {
 		var err error
-		reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, acquireArgs(lease, s.n, min(s.live, s.lease))...).Int64Slice()
+		reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, lease.AcquireArgs(lid, s.n, min(s.live, s.lease))...).Int64Slice()
 		return err
 	})
 	if err != nil {
 		return false, 0, err
 	}
-	r, err := parseSlots(reply)
-	if err != nil || r.n > 1 {
+	r, err := lease.ParseReply(reply)
+	if err != nil || r.N > 1 {
 		return false, 0, fmt.Errorf("egress: shared in-flight limit %s: malformed reply %v", s.name, reply)
 	}
-	if r.n == 1 {
+	if r.N == 1 {
 		s.admitted.Add(1)
 		s.mu.Lock()
-		s.held[lease] = heldLease{keyID: id, until: time.Now().Add(s.lease)}
+		s.held[lid] = heldLease{keyID: id, until: time.Now().Add(s.lease)}
 		s.mu.Unlock()
 		return true, 0, nil
 	}
-	return false, r.wait, nil
+	return false, r.Wait, nil
 }
 
 // releaser returns the function that gives lease of key id back, once.
@@ -288,7 +289,7 @@ func (s *SharedInFlightLimit) release(id, lease string) {
 
 // releaseAll removes the leases of key id from Redis.
 func (s *SharedInFlightLimit) releaseAll(id string, leases ...string) error {
-	args := releaseArgs(s.channel(id), id, leases)
+	args := lease.ReleaseArgs(s.channel(id), id, leases)
 	return s.do(func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, args...).Err()
 	})
@@ -443,14 +444,14 @@ func (s *SharedInFlightLimit) beat() {
 // leases groups the leases of m by key id, with the life each is given in
 // Redis: the liveness period, or less when its lease time ends sooner. A
 // lease whose lease time has ended is dropped from m. s.mu is held.
-func (s *SharedInFlightLimit) leases(m map[string]heldLease, now time.Time) map[string][]slotsLease {
-	by := map[string][]slotsLease{}
-	for lease, h := range m {
+func (s *SharedInFlightLimit) leases(m map[string]heldLease, now time.Time) map[string][]lease.Lease {
+	by := map[string][]lease.Lease{}
+	for lid, h := range m {
 		if !h.until.After(now) {
-			delete(m, lease) // ended: expired in Redis, or taken back by the fallback
+			delete(m, lid) // ended: expired in Redis, or taken back by the fallback
 			continue
 		}
-		by[h.keyID] = append(by[h.keyID], slotsLease{lease: lease, life: micros(min(s.live, h.until.Sub(now)))})
+		by[h.keyID] = append(by[h.keyID], lease.Lease{ID: lid, Life: micros(min(s.live, h.until.Sub(now)))})
 	}
 	return by
 }
@@ -465,10 +466,10 @@ func (s *SharedInFlightLimit) renew() {
 		var reply []int64
 		err := s.do(func(ctx context.Context) error {
 			var err error
-			reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, leasesArgs("renew", leases)...).Int64Slice()
+			reply, err = caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, lease.LeasesArgs("renew", leases)...).Int64Slice()
 			return err
 		})
-		if r, perr := parseSlots(reply); err == nil && perr == nil && r.n < int64(len(leases)) {
+		if r, perr := lease.ParseReply(reply); err == nil && perr == nil && r.N < int64(len(leases)) {
 			s.restore(id, leases)
 		}
 	}
@@ -488,9 +489,9 @@ func (s *SharedInFlightLimit) adopt() {
 // restore adds the leases of key id that Redis lacks; then those still
 // held, in Redis or through the fallback, are held in Redis, and those
 // released meanwhile are removed again.
-func (s *SharedInFlightLimit) restore(id string, leases []slotsLease) {
+func (s *SharedInFlightLimit) restore(id string, leases []lease.Lease) {
 	err := s.do(func(ctx context.Context) error {
-		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, leasesArgs("adopt", leases)...).Err()
+		return caller.Run(ctx, s.rdb, nil, s.slots, []string{s.slotsKey(id)}, lease.LeasesArgs("adopt", leases)...).Err()
 	})
 	if err != nil {
 		return // next time
@@ -498,18 +499,18 @@ func (s *SharedInFlightLimit) restore(id string, leases []slotsLease) {
 	var gone []string
 	s.mu.Lock()
 	for _, l := range leases {
-		lease := l.lease
-		if h, ok := s.local[lease]; ok {
-			delete(s.local, lease)
-			s.held[lease] = h
-		} else if _, ok := s.held[lease]; !ok {
-			gone = append(gone, lease)
+		lid := l.ID
+		if h, ok := s.local[lid]; ok {
+			delete(s.local, lid)
+			s.held[lid] = h
+		} else if _, ok := s.held[lid]; !ok {
+			gone = append(gone, lid)
 		}
 	}
 	s.mu.Unlock()
 	if len(gone) > 0 && s.releaseAll(id, gone...) != nil {
-		for _, lease := range gone {
-			s.orphan(id, lease)
+		for _, lid := range gone {
+			s.orphan(id, lid)
 		}
 	}
 }

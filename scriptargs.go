@@ -1,10 +1,7 @@
 package egress
 
 import (
-	"fmt"
 	"time"
-
-	"github.com/egress-go/egress/internal/argv"
 )
 
 // The arguments of the shared limiters' scripts, one type a script: its
@@ -97,83 +94,6 @@ type reserveRequest struct {
 type reservePair struct {
 	cost    int   `argv:"21"`
 	maxWait int64 `argv:"22"`
-}
-
-// slots.lua's ARGV, a type an operation: its ARGV[1] (slotsOp), then
-// the operation's own arguments.
-
-// slotsOp is slots.lua's ARGV[1]: acquire, adopt, renew or release.
-type slotsOp struct {
-	op string `argv:"1"`
-}
-
-// slotsAcquire is slots.lua's ARGV after "acquire": take a lease if fewer
-// than most are live.
-type slotsAcquire struct {
-	lease string `argv:"2"`
-	most  int    `argv:"3"`
-	life  int64  `argv:"4"` // us
-}
-
-// slotsLease is a lease of slots.lua's "adopt" and "renew", one a lease.
-type slotsLease struct {
-	lease string `argv:"2"`
-	life  int64  `argv:"3"` // us
-}
-
-// slotsRelease is slots.lua's ARGV after "release", before the lease ids
-// (slotsReleased).
-type slotsRelease struct {
-	channel string `argv:"2"`
-	payload string `argv:"3"`
-}
-
-// slotsReleased is a lease id of slots.lua's "release", one a lease.
-type slotsReleased struct {
-	lease string `argv:"4"`
-}
-
-// acquireArgs returns slots.lua's arguments to take lease, for life, when
-// fewer than most are live.
-func acquireArgs(lease string, most int, life time.Duration) []any {
-	return argv.Append(argv.Append(make([]any, 0, 5), &slotsOp{"acquire"}), &slotsAcquire{lease: lease, most: most, life: micros(life)})
-}
-
-// leasesArgs returns slots.lua's arguments to adopt or renew leases.
-func leasesArgs(op string, leases []slotsLease) []any {
-	args := argv.Append(make([]any, 0, 2+2*len(leases)), &slotsOp{op})
-	for i := range leases {
-		args = argv.Append(args, &leases[i])
-	}
-	return args
-}
-
-// releaseArgs returns slots.lua's arguments to remove leases, each one
-// removed announced on channel with payload.
-func releaseArgs(channel, payload string, leases []string) []any {
-	args := argv.Append(make([]any, 0, 4+len(leases)), &slotsOp{"release"})
-	args = argv.Append(args, &slotsRelease{channel: channel, payload: payload})
-	for _, l := range leases {
-		args = argv.Append(args, &slotsReleased{lease: l})
-	}
-	return args
-}
-
-// slotsReply is slots.lua's reply: how many leases were taken (1 or 0),
-// added, renewed or removed, and, for an acquire that took none, the time
-// until the earliest lease expires.
-type slotsReply struct {
-	n    int64
-	wait time.Duration
-}
-
-// parseSlots checks and reads slots.lua's reply: two values, neither
-// negative. A malformed reply is an error, never a panic.
-func parseSlots(reply []int64) (slotsReply, error) {
-	if len(reply) != 2 || reply[0] < 0 || reply[1] < 0 {
-		return slotsReply{}, fmt.Errorf("malformed reply %v", reply)
-	}
-	return slotsReply{n: reply[0], wait: time.Duration(reply[1]) * time.Microsecond}, nil
 }
 
 // maxWaitArg is a request's max wait from now until limit, as the scripts

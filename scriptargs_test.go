@@ -10,9 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/egress-go/egress/internal/argv"
+	"github.com/egress-go/egress/internal/lease"
 	"github.com/egress-go/egress/internal/member"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -265,10 +265,10 @@ func argvCases() []argvCase {
 		{script: "internal/control/control.lua", fixed: []any{&controlArgv{}}},
 		{script: "reserve.lua", fixed: []any{&reserveArgv{}}, each: &reserveRequest{}},
 		{script: "internal/member/heartbeat.lua", fixed: []any{&member.Args{}}},
-		{script: "internal/lease/slots.lua", op: "acquire", fixed: []any{&slotsOp{}, &slotsAcquire{}}},
-		{script: "internal/lease/slots.lua", op: "adopt", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
-		{script: "internal/lease/slots.lua", op: "renew", fixed: []any{&slotsOp{}}, each: &slotsLease{}},
-		{script: "internal/lease/slots.lua", op: "release", fixed: []any{&slotsOp{}, &slotsRelease{}}, each: &slotsReleased{}},
+		{script: "internal/lease/slots.lua", op: "acquire", fixed: []any{&lease.Op{}, &lease.Acquiring{}}},
+		{script: "internal/lease/slots.lua", op: "adopt", fixed: []any{&lease.Op{}}, each: &lease.Lease{}},
+		{script: "internal/lease/slots.lua", op: "renew", fixed: []any{&lease.Op{}}, each: &lease.Lease{}},
+		{script: "internal/lease/slots.lua", op: "release", fixed: []any{&lease.Op{}, &lease.Releasing{}}, each: &lease.Released{}},
 		{script: "limits.lua", op: "reserve", fixed: []any{&limitsHead{}, &limitsReserve{}}, each: &limitsRequest{},
 			encode: func(L int) []any {
 				req := limitsRequest{limitsCosts: limitsCosts{costs: make([]int, L)}}
@@ -284,17 +284,5 @@ func argvCases() []argvCase {
 			}},
 		{script: "limits.lua", op: "window", fixed: []any{&limitsHead{}, &limitsWindow{}},
 			encode: func(L int) []any { return limitsWindowArgs(make([]limitsLimit, L), 1, 1) }},
-	}
-}
-
-// TestSlotsReply: slots.lua's reply is read by one decoder, which takes a
-// count and a wait and refuses anything else.
-func TestSlotsReply(t *testing.T) {
-	r, err := parseSlots([]int64{0, 1500})
-	require.NoError(t, err)
-	assert.Equal(t, slotsReply{n: 0, wait: 1500 * time.Microsecond}, r)
-	for _, bad := range [][]int64{nil, {1}, {1, 0, 0}, {-1, 0}, {0, -1}} {
-		_, err := parseSlots(bad)
-		assert.Error(t, err, "%v", bad)
 	}
 }

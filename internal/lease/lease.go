@@ -3,8 +3,9 @@
 // time (a request that never answers gives its slot back then). The
 // root's InFlightLimit keeps a Set a key; slots.lua, beside it (embedded
 // as Lua), is the same arithmetic on the Redis server's clock for the
-// fleet's SharedInFlightLimit, which internal/lua composes. It reads no
-// clock, keeps no key and imports nothing of the module.
+// fleet's SharedInFlightLimit, which internal/lua composes; the script's
+// arguments and reply are this package's too (script.go). It reads no
+// clock, keeps no key and imports nothing of the module but internal/argv.
 package lease
 
 import (

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestSet: a key's leases, one step at a time. Its step tables, run
@@ -35,4 +36,23 @@ func TestSet(t *testing.T) {
 
 	ls.Expire(t0.Add(6 * s))
 	assert.True(t, ls.Next().IsZero(), "all ended")
+}
+
+// TestReply: slots.lua's reply is read by one decoder, which takes a
+// malformed one for an error.
+func TestReply(t *testing.T) {
+	r, err := ParseReply([]int64{0, 1500})
+	require.NoError(t, err)
+	assert.Equal(t, Reply{N: 0, Wait: 1500 * time.Microsecond}, r)
+	for _, bad := range [][]int64{nil, {1}, {1, 0, 0}, {-1, 0}, {1, -1}} {
+		_, err := ParseReply(bad)
+		assert.Error(t, err, "%v", bad)
+	}
+}
+
+// TestArgs: each operation's arguments, in the header's order.
+func TestArgs(t *testing.T) {
+	assert.Equal(t, []any{"acquire", "a:1", int64(3), int64(1500)}, AcquireArgs("a:1", 3, 1500*time.Microsecond))
+	assert.Equal(t, []any{"renew", "a:1", int64(10), "a:2", int64(20)}, LeasesArgs("renew", []Lease{{"a:1", 10}, {"a:2", 20}}))
+	assert.Equal(t, []any{"release", "ch", "p", "a:1", "a:2"}, ReleaseArgs("ch", "p", []string{"a:1", "a:2"}))
 }
