@@ -151,10 +151,7 @@ func TestUnreadSignalIsTimeless(t *testing.T) {
 	assert.Positive(t, unread)
 
 	assert.True(t, c.reads(sigResponse(429, nil, "")), "a 429")
-	for _, name := range []string{hRetryAfter, hRetryAfterMs, hShouldRetry, hRateLimit, hRateLimitPolicy, hXRateLimitRemaining,
-		hXRateLimitHyphenRemaining, hFastlyRemaining, hXRateLimitRemainingRequests, hAnthropicRequestsRemaining,
-		hShopifyCallLimit, hGorgiasCallLimit, hSforceLimitInfo, hHubSpotDailyRemaining, hStripeShouldRetry,
-		hStripeReason, hXRateLimitNearLimit, hRateLimitReason, hXBetaRateLimitReset} {
+	for _, name := range allSignalHeaders() {
 		assert.True(t, c.reads(sigResponse(200, []string{name, "1"}, "")), name)
 	}
 	own := &signalConfig{readers: []SignalReader{retryReader{}}}

@@ -7,14 +7,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egress-go/egress/internal/dialect"
 	"github.com/egress-go/egress/internal/field"
 )
 
 // This file holds the reading of responses as a whole: the SignalReader
 // interface through which every dialect is read (the built-in ones in
-// dialect_*.go, and a user's own), the options that configure the reading,
-// and the methods readers use to add what they read to a Signal, which
-// validate, cap and merge it.
+// internal/dialect and retryafter.go, and a user's own), the options that
+// configure the reading, and the methods readers use to add what they
+// read to a Signal, which validate, cap and merge it.
 //
 // Every header and body is hostile input: a value that cannot be read is
 // ignored, never guessed, and nothing here panics.
@@ -104,23 +105,6 @@ func isNilReader(r SignalReader) bool {
 	return isNilPointer(r)
 }
 
-// resetHeaders are the headers whose unit WithResetUnit may set: every
-// reset header the built-in readers read by the shape rule.
-var resetHeaders = [...]string{
-	hXRateLimitReset, hXRateLimitResetAfter, hXRateLimitResetRequests, hXRateLimitResetTokens,
-	hXRateLimitHyphenReset, hRateLimitReset, hRateLimitResetTime, hFastlyReset, hXBetaRateLimitReset,
-	hAnthropicRequestsReset, hAnthropicTokensReset, hAnthropicInputReset, hAnthropicOutputReset,
-}
-
-func isResetHeader(canonical string) bool {
-	for _, h := range resetHeaders {
-		if h == canonical {
-			return true
-		}
-	}
-	return false
-}
-
 // unitFor returns the unit set for header (canonical) in responses from
 // host, or ResetAuto.
 func (c *signalConfig) unitFor(host, header string) ResetUnit {
@@ -170,10 +154,11 @@ func (s *Signal) finish() {
 	}
 }
 
-// resetUnit returns the unit that the Transport's settings give header
-// (canonical) for this signal's host, as internal/field reads it.
-func (s *Signal) resetUnit(header string) field.Unit {
-	return field.Unit(s.cfg.unitFor(s.Host, header))
+// UnitFor returns the unit that c's settings give header (canonical) in
+// responses from host, as internal/field reads it: c is the readers'
+// dialect.Units.
+func (c *signalConfig) UnitFor(host, header string) field.Unit {
+	return field.Unit(c.unitFor(host, header))
 }
 
 // maxWait returns the cap on waits: MaxWait, or no cap when it is <= 0.
@@ -315,4 +300,61 @@ func checkAmount(v float64, has bool) (float64, bool) {
 		return 0, false
 	}
 	return v, true
+}
+
+// setReason records the provider's reason, the first one read.
+func (s *Signal) setReason(r string) {
+	if s.Reason == "" && r != "" {
+		s.Reason = r
+	}
+}
+
+// readBuiltin runs the built-in readers over resp, into s: Retry-After
+// and its kin (retryafter.go), then the providers' dialects
+// (internal/dialect), whose findings it adds. A response that is no 429
+// (whose body may speak) and has no header that may carry a signal is
+// passed over after one look at its header names.
+func readBuiltin(resp *http.Response, s *Signal) {
+	if resp.StatusCode != http.StatusTooManyRequests && !dialect.MaySignal(resp.Header) {
+		return
+	}
+	retryReader{}.ReadSignal(resp, s)
+	var r dialect.Reading
+	r.Begin(s.Now, s.maxWait(), s.parseCap(), s.Host, s.cfg)
+	dialect.Read(resp, &r)
+	s.found(&r)
+}
+
+// found adds to s what internal/dialect's readers found, through the
+// methods that validate, cap and merge: the same Signal as if each had
+// been added as it was read (each merge keeps the most cautious value,
+// whatever the order).
+func (s *Signal) found(r *dialect.Reading) {
+	for i := range r.Quotas() {
+		q := r.Quota(i)
+		s.AddQuota(Quota{
+			Dimension: Dimension(q.Dimension), Name: q.Name,
+			Limit: q.Limit, HasLimit: q.HasLimit,
+			Remaining: q.Remaining, HasRemaining: q.HasRemaining,
+			Reset: q.Reset, HasReset: q.HasReset,
+			Window: q.Window, HasWindow: q.HasWindow,
+			Used: q.Used, HasUsed: q.HasUsed,
+			Kind: ResetKind(q.Kind),
+		})
+	}
+	if r.HasRetryAfter {
+		s.AddRetryAfter(r.RetryAfter)
+	}
+	for sc := ScopeUnknown; r.Scopes != 0 && sc <= ScopeBilling; sc++ {
+		if r.Scopes&(1<<sc) != 0 {
+			s.SetScope(sc)
+		}
+	}
+	for d := RetryDefault; r.Retries != 0 && d <= RetryNo; d++ {
+		if r.Retries&(1<<d) != 0 {
+			s.SetRetry(d)
+		}
+	}
+	s.setReason(r.Reason)
+	s.NearLimit = s.NearLimit || r.NearLimit
 }

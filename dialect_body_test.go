@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -56,7 +57,7 @@ func TestDialectBodyPeek(t *testing.T) {
 	})
 	t.Run("read error comes back in its place", func(t *testing.T) {
 		boom := errors.New("connection reset")
-		resp := &http.Response{Body: io.NopCloser(io.MultiReader(strings.NewReader("abc"), errReader{boom}))}
+		resp := &http.Response{Body: io.NopCloser(io.MultiReader(strings.NewReader("abc"), iotest.ErrReader(boom)))}
 		if p := PeekBody(resp); string(p) != "abc" {
 			t.Fatalf("PeekBody = %q", p)
 		}

@@ -33,7 +33,7 @@ func FuzzReadSignal(f *testing.F) {
 		h.Add(extraName, extraValue)
 		orig := &spyBody{r: bytes.NewReader(body)}
 		resp := &http.Response{StatusCode: status, Header: h, Body: orig}
-		cfg := &signalConfig{units: []resetOverride{{host: "fuzz.example", header: hXRateLimitHyphenReset, unit: ResetUnit(unit % 7)}}}
+		cfg := &signalConfig{units: []resetOverride{{host: "fuzz.example", header: "X-Rate-Limit-Reset", unit: ResetUnit(unit % 7)}}}
 		now := time.Unix(nowUnix, 0)
 		s := cfg.readSignal(resp, "fuzz.example", now, now, fuzzMax(maxNanos))
 		if s.MaxWait != fuzzMax(maxNanos) {

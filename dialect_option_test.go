@@ -149,7 +149,7 @@ func TestDialectNoAllocations(t *testing.T) {
 		"Content-Type": {"application/json"}, "Date": {"Tue, 02 Jan 2024 03:04:05 GMT"}, "Server": {"nginx"},
 		"X-Request-Id": {"req_123"}, "Cache-Control": {"no-store"}, "Content-Length": {"2"},
 	}}
-	cfg := &signalConfig{units: []resetOverride{{host: "api.x.com", header: hXRateLimitHyphenReset, unit: ResetDeltaMillis}}}
+	cfg := &signalConfig{units: []resetOverride{{host: "api.x.com", header: "X-Rate-Limit-Reset", unit: ResetDeltaMillis}}}
 	now := raNow()
 	for name, c := range map[string]*signalConfig{"built-in": nil, "with settings": cfg} {
 		allocs := testing.AllocsPerRun(200, func() {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egress-go/egress/internal/dialect"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -374,45 +375,10 @@ func readsAsSomething(v string) bool {
 	return false
 }
 
+// allSignalHeaders are the names of every header a built-in reader reads:
+// retryReader's and internal/dialect's.
 func allSignalHeaders() []string {
-	return []string{
-		hRetryAfter, hRetryAfterMs, hShouldRetry, hRateLimit, hRateLimitPolicy, hBetaRateLimit, hBetaRateLimitPolicy,
-		hRateLimitLimit, hRateLimitRemaining, hRateLimitReset, hRateLimitResetTime, hRateLimitName, hRateLimitObserved,
-		hXRateLimitLimit, hXRateLimitRemaining, hXRateLimitUsed, hXRateLimitReset, hXRateLimitResetAfter,
-		hXRateLimitResource, hXRateLimitBucket, hXRateLimitGlobal, hXRateLimitScope,
-		hXRateLimitHyphen, hXRateLimitHyphenLimit, hXRateLimitHyphenRemaining, hXRateLimitHyphenReset, hFastlyRemaining, hFastlyReset,
-		hXRateLimitLimitRequests, hXRateLimitLimitTokens, hXRateLimitRemainingRequests, hXRateLimitRemainingTokens,
-		hXRateLimitResetRequests, hXRateLimitResetTokens,
-		hAnthropicRequestsLimit, hAnthropicRequestsRemaining, hAnthropicRequestsReset, hAnthropicTokensLimit,
-		hAnthropicTokensRemaining, hAnthropicTokensReset, hAnthropicInputLimit, hAnthropicInputRemaining, hAnthropicInputReset,
-		hAnthropicOutputLimit, hAnthropicOutputRemaining, hAnthropicOutputReset,
-		hShopifyCallLimit, hGorgiasCallLimit, hSforceLimitInfo,
-		hHubSpotDaily, hHubSpotDailyRemaining, hHubSpotSecondly, hHubSpotSecondlyRemaining, hHubSpotIntervalMs, hHubSpotMax, hHubSpotRemaining,
-		hStripeShouldRetry, hStripeReason, hXRateLimitNearLimit, hXBetaRateLimitNearLimit, hRateLimitReason, hXBetaRateLimitReason,
-		hXBetaRateLimitReset, zendeskPrefix + "Tickets-Index",
-	}
-}
-
-func TestDialectHeaderNamesAreCanonical(t *testing.T) {
-	for _, h := range append(allSignalHeaders(), resetHeaders[:]...) {
-		if c := http.CanonicalHeaderKey(h); c != h {
-			t.Errorf("%q is not canonical (%q): its lookup would miss", h, c)
-		}
-		if !maySignal(http.Header{h: {"1"}}) {
-			t.Errorf("%q would be passed over by maySignal", h)
-		}
-	}
-}
-
-// TestSignalNameIsContains: signalName is strings.Contains of "imit" or
-// "Retry", at either end of a name and in names shorter than either.
-func TestSignalNameIsContains(t *testing.T) {
-	names := append(allSignalHeaders(), "", "R", "Retr", "Retry", "imi", "imit", "Limit", "X-Retry", "Xretry",
-		"Content-Type", "Date", "Server", "Strict-Transport-Security", "Imit", "X-Li-Mit", "RetrY", "Rate-Limit")
-	for _, n := range names {
-		want := strings.Contains(n, "imit") || strings.Contains(n, "Retry")
-		assert.Equal(t, want, signalName(n), "%q", n)
-	}
+	return append([]string{hRetryAfter, hRetryAfterMs, hShouldRetry}, dialect.Headers()...)
 }
 
 // TestRequestQuotaSameLimitTwice: two reports of the same limit and
@@ -441,4 +407,71 @@ func TestRequestQuotaSameLimitTwice(t *testing.T) {
 	s := Signal{Quotas: []Quota{minutes, early}}
 	q, _, _ := s.requestQuota()
 	assert.Equal(t, 40*time.Second, q.Reset, "the same limit, neither with a window: the earlier reset")
+}
+
+func TestDialectHeaderNamesAreCanonical(t *testing.T) {
+	for _, h := range append(allSignalHeaders(), dialect.ResetHeaders[:]...) {
+		if c := http.CanonicalHeaderKey(h); c != h {
+			t.Errorf("%q is not canonical (%q): its lookup would miss", h, c)
+		}
+		if !dialect.MaySignal(http.Header{h: {"1"}}) {
+			t.Errorf("%q would be passed over by MaySignal", h)
+		}
+	}
+}
+
+// TestDialectMirrors: internal/dialect's Quota, Dimension, Kind, Scope and
+// Retry are the root's Quota, Dimension, ResetKind, Scope and
+// RetryDecision, value for value and field for field, and found adds
+// every field the readers found to the Signal.
+func TestDialectMirrors(t *testing.T) {
+	assert.Equal(t,
+		[]Dimension{Requests, Tokens, InputTokens, OutputTokens, Points},
+		[]Dimension{Dimension(dialect.Requests), Dimension(dialect.Tokens), Dimension(dialect.InputTokens),
+			Dimension(dialect.OutputTokens), Dimension(dialect.Points)})
+	assert.Equal(t,
+		[]ResetKind{ResetKindUnknown, ResetKindWindow, ResetKindBucket},
+		[]ResetKind{ResetKind(dialect.KindUnknown), ResetKind(dialect.KindWindow), ResetKind(dialect.KindBucket)})
+	assert.Equal(t,
+		[]Scope{ScopeUnknown, ScopeQuota, ScopeOther, ScopeBilling},
+		[]Scope{Scope(dialect.ScopeUnknown), Scope(dialect.ScopeQuota), Scope(dialect.ScopeOther), Scope(dialect.ScopeBilling)})
+	assert.Equal(t,
+		[]RetryDecision{RetryDefault, RetryYes, RetryNo},
+		[]RetryDecision{RetryDecision(dialect.RetryDefault), RetryDecision(dialect.RetryYes), RetryDecision(dialect.RetryNo)})
+
+	dq := dialect.Quota{Dimension: dialect.Tokens, Name: "tpm", Limit: 10, HasLimit: true, Remaining: 3, HasRemaining: true,
+		Reset: 2 * time.Second, HasReset: true, Window: time.Minute, HasWindow: true, Used: 7, HasUsed: true,
+		Kind: dialect.KindBucket}
+	var r dialect.Reading
+	for range 3 { // past the quotas a Reading keeps in place
+		r.AddQuota(dq)
+		dq.Name += "'"
+	}
+	r.AddRetryAfter(time.Second)
+	r.AddRetryAfter(3 * time.Second)
+	r.SetScope(dialect.ScopeOther)
+	r.SetScope(dialect.ScopeQuota)
+	r.SetRetry(dialect.RetryYes)
+	r.SetReason("first")
+	r.SetReason("second")
+	r.SetNearLimit()
+	var s Signal
+	s.found(&r)
+	require.Len(t, s.Quotas, 3)
+	for i, q := range s.Quotas {
+		want, got := reflect.ValueOf(r.Quota(i)), reflect.ValueOf(q)
+		require.Equal(t, want.NumField(), got.NumField(), "as many fields")
+		for k := range want.NumField() {
+			name := want.Type().Field(k).Name
+			f := got.FieldByName(name)
+			require.True(t, f.IsValid(), "dialect.Quota.%s is a field of Quota", name)
+			require.False(t, f.IsZero(), "Quota.%s is copied (the test sets every field)", name)
+			assert.EqualValues(t, want.Field(k).Interface(), f.Interface(), "Quota.%s", name)
+		}
+	}
+	assert.Equal(t, 3*time.Second, s.RetryAfter, "the longest wait")
+	assert.Equal(t, ScopeQuota, s.Scope, "the more cautious scope")
+	assert.Equal(t, RetryYes, s.Retry)
+	assert.Equal(t, "first", s.Reason)
+	assert.True(t, s.NearLimit)
 }

@@ -12,6 +12,8 @@ import (
 	"reflect"
 	"strings"
 	"time"
+
+	"github.com/egress-go/egress/internal/dialect"
 )
 
 // Option configures a Transport in New.
@@ -271,7 +273,7 @@ func WithResetUnit(host, header string, unit ResetUnit) Option {
 		switch {
 		case host == "" || strings.ContainsAny(host, "/ \t"):
 			c.errs = append(c.errs, configError("WithResetUnit: host", fmt.Sprintf("%q", host), "must be a host name, with or without a port"))
-		case !isResetHeader(name):
+		case !dialect.IsResetHeader(name):
 			c.errs = append(c.errs, configError("WithResetUnit: header", fmt.Sprintf("%q", header), "is not a reset header egress reads"))
 		case int(unit) >= len(resetUnitNames):
 			c.errs = append(c.errs, configError("WithResetUnit: unit", unit, "is not a ResetUnit"))

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/dialect"
 )
 
 // A provider's SDK (openai-go, anthropic-sdk-go, stripe-go) that has a
@@ -34,7 +35,7 @@ import (
 // SDKs send (0 on a call's first attempt), and the key stripe-go sends
 // again with every attempt of a POST. (The response headers that tell an
 // SDK not to retry, x-should-retry and Stripe-Should-Retry, are read by
-// the dialects too: retryafter.go and dialect_vendor.go.)
+// the dialects too: retryafter.go and internal/dialect.)
 const (
 	hStainlessRetry = "X-Stainless-Retry-Count"
 	hIdempotencyKey = "Idempotency-Key"
@@ -258,5 +259,5 @@ func markFinal(resp *http.Response) {
 	v := make([]string, 2) // one allocation for both
 	v[0], v[1] = "false", "false"
 	resp.Header[hShouldRetry] = v[0:1:1]
-	resp.Header[hStripeShouldRetry] = v[1:2:2]
+	resp.Header[dialect.StripeShouldRetry] = v[1:2:2]
 }

@@ -8,7 +8,15 @@ import (
 
 // This file reads the Retry-After header of a 403, 429 or 503 (RFC 9110
 // §10.2.3) and its kin, with the parsers of internal/field (field.RetryAfter
-// says which values are read, and how).
+// says which values are read, and how). The providers' own dialects are
+// internal/dialect's.
+
+// The headers retryReader reads, canonical (a lookup is a plain map index).
+const (
+	hRetryAfter   = "Retry-After"
+	hRetryAfterMs = "Retry-After-Ms"
+	hShouldRetry  = "X-Should-Retry"
+)
 
 // retryReader reads the waits and retry advice any provider may send:
 // Retry-After (RFC 9110: delta-seconds, decimals accepted, or an

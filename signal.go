@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/egress-go/egress/internal/control"
+	"github.com/egress-go/egress/internal/dialect"
 )
 
 // Signal is what one response said about its key's limit, whatever dialect
@@ -334,7 +335,7 @@ func readSignal(resp *http.Response, sentAt, now time.Time, maxWait time.Duratio
 // readers read every response. A response that runs none is read the
 // same at any time (TestUnreadSignalIsTimeless).
 func (c *signalConfig) reads(resp *http.Response) bool {
-	return resp.StatusCode == http.StatusTooManyRequests || maySignal(resp.Header) || (c != nil && len(c.readers) > 0)
+	return resp.StatusCode == http.StatusTooManyRequests || dialect.MaySignal(resp.Header) || (c != nil && len(c.readers) > 0)
 }
 
 // unread is readInto for a response that runs no reader (see reads): its

@@ -1,16 +1,12 @@
-package egress
+package dialect
 
-// The names of the headers the built-in readers read, and the quota a
+// The names of the headers the readers read, and the quota a
 // "used/capacity" pair says. The grammar of their values (counts, resets,
 // timestamps, structured-field members) is internal/field's.
 
 // Header names, in the canonical form of http.CanonicalHeaderKey, so that a
 // lookup is a plain map index and costs no allocation.
 const (
-	hRetryAfter   = "Retry-After"
-	hRetryAfterMs = "Retry-After-Ms"
-	hShouldRetry  = "X-Should-Retry"
-
 	hRateLimit           = "Ratelimit"
 	hRateLimitPolicy     = "Ratelimit-Policy"
 	hBetaRateLimit       = "Beta-Ratelimit"
@@ -71,8 +67,7 @@ const (
 	hHubSpotMax               = "X-Hubspot-Ratelimit-Max"
 	hHubSpotRemaining         = "X-Hubspot-Ratelimit-Remaining"
 
-	hStripeShouldRetry = "Stripe-Should-Retry"
-	hStripeReason      = "Stripe-Rate-Limited-Reason"
+	hStripeReason = "Stripe-Rate-Limited-Reason"
 
 	hXRateLimitNearLimit     = "X-Ratelimit-Nearlimit"
 	hXBetaRateLimitNearLimit = "X-Beta-Ratelimit-Nearlimit"
@@ -83,6 +78,11 @@ const (
 	zendeskPrefix = "Zendesk-Ratelimit-"
 )
 
+// StripeShouldRetry is Stripe's word on retrying a response, which the
+// stripe reader reads and the root's Transport writes (false) on a
+// response it has retried as far as its policy allows.
+const StripeShouldRetry = "Stripe-Should-Retry"
+
 // pairQuota is the quota a "used/capacity" pair says: Remaining is what is
 // left of the capacity, never below 0.
 func pairQuota(used, capacity float64) Quota {
@@ -91,5 +91,26 @@ func pairQuota(used, capacity float64) Quota {
 		Limit:     capacity, HasLimit: true,
 		Used: used, HasUsed: true,
 		Remaining: max(capacity-used, 0), HasRemaining: true,
+	}
+}
+
+// Headers returns the name of every header the readers read, a Zendesk
+// field by one example's: for tests that send them all.
+func Headers() []string {
+	return []string{
+		hRateLimit, hRateLimitPolicy, hBetaRateLimit, hBetaRateLimitPolicy,
+		hRateLimitLimit, hRateLimitRemaining, hRateLimitReset, hRateLimitResetTime, hRateLimitName, hRateLimitObserved,
+		hXRateLimitLimit, hXRateLimitRemaining, hXRateLimitUsed, hXRateLimitReset, hXRateLimitResetAfter,
+		hXRateLimitResource, hXRateLimitBucket, hXRateLimitGlobal, hXRateLimitScope,
+		hXRateLimitHyphen, hXRateLimitHyphenLimit, hXRateLimitHyphenRemaining, hXRateLimitHyphenReset, hFastlyRemaining, hFastlyReset,
+		hXRateLimitLimitRequests, hXRateLimitLimitTokens, hXRateLimitRemainingRequests, hXRateLimitRemainingTokens,
+		hXRateLimitResetRequests, hXRateLimitResetTokens,
+		hAnthropicRequestsLimit, hAnthropicRequestsRemaining, hAnthropicRequestsReset, hAnthropicTokensLimit,
+		hAnthropicTokensRemaining, hAnthropicTokensReset, hAnthropicInputLimit, hAnthropicInputRemaining, hAnthropicInputReset,
+		hAnthropicOutputLimit, hAnthropicOutputRemaining, hAnthropicOutputReset,
+		hShopifyCallLimit, hGorgiasCallLimit, hSforceLimitInfo,
+		hHubSpotDaily, hHubSpotDailyRemaining, hHubSpotSecondly, hHubSpotSecondlyRemaining, hHubSpotIntervalMs, hHubSpotMax, hHubSpotRemaining,
+		StripeShouldRetry, hStripeReason, hXRateLimitNearLimit, hXBetaRateLimitNearLimit, hRateLimitReason, hXBetaRateLimitReason,
+		hXBetaRateLimitReset, zendeskPrefix + "Tickets-Index",
 	}
 }

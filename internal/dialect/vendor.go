@@ -1,4 +1,4 @@
-package egress
+package dialect
 
 import (
 	"encoding/json"
@@ -18,8 +18,7 @@ import (
 // global.
 type discordReader struct{}
 
-// ReadSignal implements SignalReader.
-func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
+func (discordReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
 	switch scope := field.FirstToken(h[hXRateLimitScope]); {
 	case strings.EqualFold(scope, "user"), strings.EqualFold(scope, "global"):
@@ -37,7 +36,7 @@ func (discordReader) ReadSignal(resp *http.Response, s *Signal) {
 		}
 		_ = json.Unmarshal(b, &body) // a field of the wrong type leaves the others read
 		if body.RetryAfter != nil {
-			if d, ok := field.SecondsToWait(*body.RetryAfter, s.parseCap()); ok {
+			if d, ok := field.SecondsToWait(*body.RetryAfter, s.ParseCap()); ok {
 				s.AddRetryAfter(d)
 			}
 		}
@@ -67,8 +66,7 @@ type callLimitReader struct{}
 // off, and discovery finds the rate.
 const callLimitWindow = 20 * time.Second
 
-// ReadSignal implements SignalReader.
-func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
+func (callLimitReader) read(resp *http.Response, s *Reading) {
 	for _, name := range [...]string{hShopifyCallLimit, hGorgiasCallLimit} {
 		for _, v := range resp.Header[name] {
 			for more := true; more; {
@@ -76,7 +74,7 @@ func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 				m, v, more = field.CutList(v)
 				if used, capacity, ok := field.Pair(m); ok {
 					q := pairQuota(used, capacity)
-					q.Kind = ResetKindBucket
+					q.Kind = KindBucket
 					q.Window, q.HasWindow = callLimitWindow, true
 					s.AddQuota(q)
 				}
@@ -91,8 +89,7 @@ func (callLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 // hours; no reset is sent: see Quota.impliedReset), counted as a window's.
 type salesforceReader struct{}
 
-// ReadSignal implements SignalReader.
-func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
+func (salesforceReader) read(resp *http.Response, s *Reading) {
 	for _, v := range resp.Header[hSforceLimitInfo] {
 		for v != "" {
 			var m string
@@ -111,7 +108,7 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 			if used, capacity, ok := field.Pair(val); ok {
 				q := pairQuota(used, capacity)
 				q.Name = strings.TrimSpace(name)
-				q.Window, q.HasWindow, q.Kind = 24*time.Hour, true, ResetKindWindow
+				q.Window, q.HasWindow, q.Kind = 24*time.Hour, true, KindWindow
 				s.AddQuota(q)
 			}
 		}
@@ -126,12 +123,11 @@ func (salesforceReader) ReadSignal(resp *http.Response, s *Signal) {
 // counted as a window's. No reset is sent: see Quota.impliedReset.
 type hubSpotReader struct{}
 
-// ReadSignal implements SignalReader.
-func (hubSpotReader) ReadSignal(resp *http.Response, s *Signal) {
+func (hubSpotReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
-	addCounts(s, Quota{Name: "daily", Window: 24 * time.Hour, HasWindow: true, Kind: ResetKindWindow}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
-	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true, Kind: ResetKindWindow}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
-	q := Quota{Name: "interval", Kind: ResetKindWindow}
+	addCounts(s, Quota{Name: "daily", Window: 24 * time.Hour, HasWindow: true, Kind: KindWindow}, h[hHubSpotDaily], h[hHubSpotDailyRemaining])
+	addCounts(s, Quota{Name: "secondly", Window: time.Second, HasWindow: true, Kind: KindWindow}, h[hHubSpotSecondly], h[hHubSpotSecondlyRemaining])
+	q := Quota{Name: "interval", Kind: KindWindow}
 	if ms, ok := field.Lowest(h[hHubSpotIntervalMs]); ok && ms > 0 && ms < 1e12 {
 		q.Window, q.HasWindow = time.Duration(ms*float64(time.Millisecond)), true
 	}
@@ -140,7 +136,7 @@ func (hubSpotReader) ReadSignal(resp *http.Response, s *Signal) {
 
 // addCounts adds q, a requests quota, with the limit and remaining counts
 // the values state, if they state either.
-func addCounts(s *Signal, q Quota, limit, remaining []string) {
+func addCounts(s *Reading, q Quota, limit, remaining []string) {
 	if len(limit) == 0 && len(remaining) == 0 {
 		return
 	}
@@ -158,16 +154,15 @@ func addCounts(s *Signal, q Quota, limit, remaining []string) {
 // worth a retry, saying nothing about the quota (ScopeOther).
 type stripeReader struct{}
 
-// ReadSignal implements SignalReader.
-func (stripeReader) ReadSignal(resp *http.Response, s *Signal) {
+func (stripeReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
-	if yes, no := field.AnyBool(h[hStripeShouldRetry]); no {
+	if yes, no := field.AnyBool(h[StripeShouldRetry]); no {
 		s.SetRetry(RetryNo)
 	} else if yes {
 		s.SetRetry(RetryYes)
 	}
 	if reason := field.FirstToken(h[hStripeReason]); reason != "" {
-		s.setReason(reason)
+		s.SetReason(reason)
 		switch strings.ToLower(reason) {
 		case "resource-specific":
 			s.SetScope(ScopeOther)
@@ -184,7 +179,7 @@ func (stripeReader) ReadSignal(resp *http.Response, s *Signal) {
 		_ = json.Unmarshal(b, &body) // a field of the wrong type leaves the others read
 		if body.Error.Code == "lock_timeout" {
 			s.SetScope(ScopeOther)
-			s.setReason("lock_timeout")
+			s.SetReason("lock_timeout")
 		}
 	}
 }
@@ -196,22 +191,21 @@ func (stripeReader) ReadSignal(resp *http.Response, s *Signal) {
 // X-Beta-RateLimit-Reset (ISO 8601 without seconds, "2026-03-26T16:00Z").
 type jiraReader struct{}
 
-// ReadSignal implements SignalReader.
-func (jiraReader) ReadSignal(resp *http.Response, s *Signal) {
+func (jiraReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
 	if near, _ := field.AnyBool(h[hXRateLimitNearLimit]); near {
-		s.NearLimit = true
+		s.SetNearLimit()
 	}
 	if near, _ := field.AnyBool(h[hXBetaRateLimitNearLimit]); near {
-		s.NearLimit = true
+		s.SetNearLimit()
 	}
 	if reason := field.FirstToken(h[hRateLimitReason]); reason != "" {
-		s.setReason(reason)
+		s.SetReason(reason)
 	}
 	if reason := field.FirstToken(h[hXBetaRateLimitReason]); reason != "" {
-		s.setReason(reason)
+		s.SetReason(reason)
 	}
-	if d, ok := field.LatestReset(h[hXBetaRateLimitReset], s.resetUnit(hXBetaRateLimitReset), s.Now, s.maxWait()); ok {
+	if d, ok := field.LatestReset(h[hXBetaRateLimitReset], s.ResetUnit(hXBetaRateLimitReset), s.Now(), s.MaxWait()); ok {
 		s.AddQuota(Quota{Dimension: Requests, Reset: d, HasReset: true})
 	}
 }
@@ -223,13 +217,12 @@ func (jiraReader) ReadSignal(resp *http.Response, s *Signal) {
 // ratelimit-* families.
 type zendeskReader struct{}
 
-// ReadSignal implements SignalReader.
-func (zendeskReader) ReadSignal(resp *http.Response, s *Signal) {
+func (zendeskReader) read(resp *http.Response, s *Reading) {
 	for name, values := range resp.Header {
 		if len(name) <= len(zendeskPrefix) || !strings.HasPrefix(name, zendeskPrefix) {
 			continue
 		}
-		q := Quota{Dimension: Requests, Name: name[len(zendeskPrefix):], Kind: ResetKindWindow}
+		q := Quota{Dimension: Requests, Name: name[len(zendeskPrefix):], Kind: KindWindow}
 		for _, v := range values {
 			for v != "" {
 				var m string
@@ -239,7 +232,7 @@ func (zendeskReader) ReadSignal(resp *http.Response, s *Signal) {
 					m, v = v, ""
 				}
 				key, val, _ := strings.Cut(m, "=")
-				q = addZendeskMember(q, strings.ToLower(strings.TrimSpace(key)), val, s.maxWait())
+				q = addZendeskMember(q, strings.ToLower(strings.TrimSpace(key)), val, s.MaxWait())
 			}
 		}
 		s.AddQuota(q)
@@ -264,11 +257,4 @@ func addZendeskMember(q Quota, key, val string, max time.Duration) Quota {
 		}
 	}
 	return q
-}
-
-// setReason records the provider's reason, the first one read.
-func (s *Signal) setReason(r string) {
-	if s.Reason == "" {
-		s.Reason = r
-	}
 }

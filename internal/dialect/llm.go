@@ -1,4 +1,4 @@
-package egress
+package dialect
 
 import (
 	"encoding/json"
@@ -18,8 +18,7 @@ import (
 // error: ScopeBilling, RetryNo.
 type openAIReader struct{}
 
-// ReadSignal implements SignalReader.
-func (openAIReader) ReadSignal(resp *http.Response, s *Signal) {
+func (openAIReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
 	readBucketQuota(s, Requests, h[hXRateLimitLimitRequests], h[hXRateLimitRemainingRequests], h[hXRateLimitResetRequests], hXRateLimitResetRequests)
 	readBucketQuota(s, Tokens, h[hXRateLimitLimitTokens], h[hXRateLimitRemainingTokens], h[hXRateLimitResetTokens], hXRateLimitResetTokens)
@@ -44,8 +43,7 @@ func (openAIReader) ReadSignal(resp *http.Response, s *Signal) {
 // retry-after, retry-after-ms and x-should-retry are retryReader's.
 type anthropicReader struct{}
 
-// ReadSignal implements SignalReader.
-func (anthropicReader) ReadSignal(resp *http.Response, s *Signal) {
+func (anthropicReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
 	readBucketQuota(s, Requests, h[hAnthropicRequestsLimit], h[hAnthropicRequestsRemaining], h[hAnthropicRequestsReset], hAnthropicRequestsReset)
 	readBucketQuota(s, Tokens, h[hAnthropicTokensLimit], h[hAnthropicTokensRemaining], h[hAnthropicTokensReset], hAnthropicTokensReset)
@@ -56,13 +54,13 @@ func (anthropicReader) ReadSignal(resp *http.Response, s *Signal) {
 // readBucketQuota adds the quota of dimension d that a bucket server's
 // limit, remaining and reset values state, if any; resetHeader names the
 // reset for WithResetUnit.
-func readBucketQuota(s *Signal, d Dimension, limit, remaining, reset []string, resetHeader string) {
+func readBucketQuota(s *Reading, d Dimension, limit, remaining, reset []string, resetHeader string) {
 	if len(limit) == 0 && len(remaining) == 0 && len(reset) == 0 {
 		return
 	}
-	q := Quota{Dimension: d, Kind: ResetKindBucket}
+	q := Quota{Dimension: d, Kind: KindBucket}
 	q.Limit, q.HasLimit = field.Lowest(limit)
 	q.Remaining, q.HasRemaining = field.Lowest(remaining)
-	q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(resetHeader), s.Now, s.maxWait())
+	q.Reset, q.HasReset = field.LatestReset(reset, s.ResetUnit(resetHeader), s.Now(), s.MaxWait())
 	s.AddQuota(q)
 }

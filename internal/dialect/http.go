@@ -1,4 +1,4 @@
-package egress
+package dialect
 
 import (
 	"net/http"
@@ -14,60 +14,6 @@ import (
 // prefix), and the X-RateLimit-* families. docs/dialects.md lists what
 // each reads.
 
-// readBuiltin runs the built-in readers over resp, into s. A response
-// that is no 429 (whose body may speak) and has no header that may carry a
-// signal is passed over after one look at its header names.
-func readBuiltin(resp *http.Response, s *Signal) {
-	if resp.StatusCode != http.StatusTooManyRequests && !maySignal(resp.Header) {
-		return
-	}
-	retryReader{}.ReadSignal(resp, s)
-	ietfReader{field: hRateLimit, policy: hRateLimitPolicy}.ReadSignal(resp, s)
-	ietfReader{field: hBetaRateLimit, policy: hBetaRateLimitPolicy}.ReadSignal(resp, s)
-	draftReader{}.ReadSignal(resp, s)
-	xRateLimitReader{}.ReadSignal(resp, s)
-	openAIReader{}.ReadSignal(resp, s)
-	anthropicReader{}.ReadSignal(resp, s)
-	discordReader{}.ReadSignal(resp, s)
-	callLimitReader{}.ReadSignal(resp, s)
-	salesforceReader{}.ReadSignal(resp, s)
-	hubSpotReader{}.ReadSignal(resp, s)
-	stripeReader{}.ReadSignal(resp, s)
-	jiraReader{}.ReadSignal(resp, s)
-	zendeskReader{}.ReadSignal(resp, s)
-}
-
-// maySignal reports whether h has a header that a built-in reader may
-// read: every one of their names holds "imit" (RateLimit, Rate-Limit,
-// Call-Limit, Limited) or "Retry". Every response's headers are looked at
-// so, one pass over each name's bytes: two strings.Contains a name were
-// 125 ns of the allowed path for eight plain headers.
-func maySignal(h http.Header) bool {
-	for name := range h {
-		if signalName(name) {
-			return true
-		}
-	}
-	return false
-}
-
-// signalName reports whether a header's name holds "imit" or "Retry".
-func signalName(name string) bool {
-	for i := 0; i+4 <= len(name); i++ {
-		switch name[i] {
-		case 'i':
-			if name[i+1] == 'm' && name[i+2] == 'i' && name[i+3] == 't' {
-				return true
-			}
-		case 'R':
-			if i+5 <= len(name) && name[i+1] == 'e' && name[i+2] == 't' && name[i+3] == 'r' && name[i+4] == 'y' {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // ietfReader reads the structured fields of draft-ietf-httpapi-ratelimit-
 // headers: field (RateLimit: `"burst";r=5;t=1`) and policy
 // (RateLimit-Policy: `"burst";q=100;w=1`), one Quota per policy, joined by
@@ -77,8 +23,7 @@ func signalName(name string) bool {
 // a policy whose qu= names another unit is skipped.
 type ietfReader struct{ field, policy string }
 
-// ReadSignal implements SignalReader.
-func (r ietfReader) ReadSignal(resp *http.Response, s *Signal) {
+func (r ietfReader) read(resp *http.Response, s *Reading) {
 	fields, policies := resp.Header[r.field], resp.Header[r.policy]
 	if len(fields) == 0 && len(policies) == 0 {
 		return
@@ -97,7 +42,7 @@ func (r ietfReader) ReadSignal(resp *http.Response, s *Signal) {
 		w, okW := field.PolicyWindow(m.Param("w"))
 		quotas = append(quotas, Quota{Name: name, Limit: q, HasLimit: true, Window: w, HasWindow: okW})
 	}
-	max := s.maxWait()
+	max := s.MaxWait()
 	var dict Quota
 	for _, m := range field.Members(fields) {
 		if key, val, ok := field.DictMember(m.Item); ok {
@@ -167,8 +112,7 @@ func addDictQuota(q Quota, key, val string, max time.Duration) Quota {
 // (GitLab sends epoch seconds, Zendesk seconds from now).
 type draftReader struct{}
 
-// ReadSignal implements SignalReader.
-func (draftReader) ReadSignal(resp *http.Response, s *Signal) {
+func (draftReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
 	limit, remaining, reset := h[hRateLimitLimit], h[hRateLimitRemaining], h[hRateLimitReset]
 	observed, resetTime := h[hRateLimitObserved], h[hRateLimitResetTime]
@@ -181,9 +125,9 @@ func (draftReader) ReadSignal(resp *http.Response, s *Signal) {
 	q.Limit = float64(l)
 	q.Remaining, q.HasRemaining = field.Lowest(remaining)
 	q.Used, q.HasUsed = field.Highest(observed)
-	q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hRateLimitReset), s.Now, s.maxWait())
+	q.Reset, q.HasReset = field.LatestReset(reset, s.ResetUnit(hRateLimitReset), s.Now(), s.MaxWait())
 	if !q.HasReset {
-		q.Reset, q.HasReset = field.LatestReset(resetTime, s.resetUnit(hRateLimitResetTime), s.Now, s.maxWait())
+		q.Reset, q.HasReset = field.LatestReset(resetTime, s.ResetUnit(hRateLimitResetTime), s.Now(), s.MaxWait())
 	}
 	s.AddQuota(q)
 }
@@ -198,10 +142,9 @@ func (draftReader) ReadSignal(resp *http.Response, s *Signal) {
 // Prisjakt) and Fastly-RateLimit-*, each a Quota of its own.
 type xRateLimitReader struct{}
 
-// ReadSignal implements SignalReader.
-func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
+func (xRateLimitReader) read(resp *http.Response, s *Reading) {
 	h := resp.Header
-	max := s.maxWait()
+	max := s.MaxWait()
 	limit, remaining, used := h[hXRateLimitLimit], h[hXRateLimitRemaining], h[hXRateLimitUsed]
 	reset, after := h[hXRateLimitReset], h[hXRateLimitResetAfter]
 	if len(limit) > 0 || len(remaining) > 0 || len(used) > 0 || len(reset) > 0 || len(after) > 0 {
@@ -211,15 +154,15 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 		q.Limit = float64(l)
 		q.Remaining, q.HasRemaining = field.Lowest(remaining)
 		q.Used, q.HasUsed = field.Highest(used)
-		q.Reset, q.HasReset = field.LatestReset(after, resetUnitOr(s, hXRateLimitResetAfter, field.UnitDeltaSeconds), s.Now, max)
+		q.Reset, q.HasReset = field.LatestReset(after, resetUnitOr(s, hXRateLimitResetAfter, field.UnitDeltaSeconds), s.Now(), max)
 		if !q.HasReset {
-			q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hXRateLimitReset), s.Now, max)
+			q.Reset, q.HasReset = field.LatestReset(reset, s.ResetUnit(hXRateLimitReset), s.Now(), max)
 		}
 		if q.Name = field.FirstToken(h[hXRateLimitResource]); q.Name == "" {
 			q.Name = field.FirstToken(h[hXRateLimitBucket])
 		}
 		if q.Name != "" || q.HasUsed {
-			q.Kind = ResetKindWindow
+			q.Kind = KindWindow
 		}
 		s.AddQuota(q)
 	}
@@ -232,20 +175,20 @@ func (xRateLimitReader) ReadSignal(resp *http.Response, s *Signal) {
 		q := Quota{Dimension: Requests}
 		q.Limit, q.HasLimit = field.Lowest(limit)
 		q.Remaining, q.HasRemaining = field.Lowest(remaining)
-		q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hXRateLimitHyphenReset), s.Now, max)
-		if q.HasReset && absoluteReset(reset, s.resetUnit(hXRateLimitHyphenReset)) {
+		q.Reset, q.HasReset = field.LatestReset(reset, s.ResetUnit(hXRateLimitHyphenReset), s.Now(), max)
+		if q.HasReset && absoluteReset(reset, s.ResetUnit(hXRateLimitHyphenReset)) {
 			// A reset given as a time (Okta's and X's epoch seconds) is
 			// the end of a window: a bucket's "until full" is a delay.
-			q.Kind = ResetKindWindow
+			q.Kind = KindWindow
 		}
 		s.AddQuota(q)
 	}
 
 	remaining, reset = h[hFastlyRemaining], h[hFastlyReset]
 	if len(remaining) > 0 || len(reset) > 0 {
-		q := Quota{Dimension: Requests, Kind: ResetKindWindow}
+		q := Quota{Dimension: Requests, Kind: KindWindow}
 		q.Remaining, q.HasRemaining = field.Lowest(remaining)
-		q.Reset, q.HasReset = field.LatestReset(reset, s.resetUnit(hFastlyReset), s.Now, max)
+		q.Reset, q.HasReset = field.LatestReset(reset, s.ResetUnit(hFastlyReset), s.Now(), max)
 		s.AddQuota(q)
 	}
 }
@@ -267,8 +210,8 @@ func absoluteReset(values []string, unit field.Unit) bool {
 }
 
 // resetUnitOr returns the unit set for header, or def when none is.
-func resetUnitOr(s *Signal, header string, def field.Unit) field.Unit {
-	if u := s.resetUnit(header); u != field.UnitAuto {
+func resetUnitOr(s *Reading, header string, def field.Unit) field.Unit {
+	if u := s.ResetUnit(header); u != field.UnitAuto {
 		return u
 	}
 	return def
