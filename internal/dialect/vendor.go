@@ -93,11 +93,7 @@ func (salesforceReader) read(resp *http.Response, s *Reading) {
 	for _, v := range resp.Header[hSforceLimitInfo] {
 		for v != "" {
 			var m string
-			if i := strings.IndexAny(v, ";,"); i >= 0 {
-				m, v = v[:i], v[i+1:]
-			} else {
-				m, v = v, ""
-			}
+			m, v = cutMember(v)
 			name, val, ok := strings.Cut(m, "=")
 			if !ok {
 				continue
@@ -226,11 +222,7 @@ func (zendeskReader) read(resp *http.Response, s *Reading) {
 		for _, v := range values {
 			for v != "" {
 				var m string
-				if i := strings.IndexAny(v, ";,"); i >= 0 {
-					m, v = v[:i], v[i+1:]
-				} else {
-					m, v = v, ""
-				}
+				m, v = cutMember(v)
 				key, val, _ := strings.Cut(m, "=")
 				q = addZendeskMember(q, strings.ToLower(strings.TrimSpace(key)), val, s.MaxWait())
 			}
@@ -257,4 +249,13 @@ func addZendeskMember(q Quota, key, val string, max time.Duration) Quota {
 		}
 	}
 	return q
+}
+
+// cutMember cuts v at its first ';' or ',': the member before, and the
+// rest after (Salesforce's and Zendesk's lists take either).
+func cutMember(v string) (m, rest string) {
+	if i := strings.IndexAny(v, ";,"); i >= 0 {
+		return v[:i], v[i+1:]
+	}
+	return v, ""
 }
