@@ -67,7 +67,7 @@ wallclock:
 # fuzzer checks every instrumented edge after each input), and about 3 s in
 # internal/field, which holds the standard library alone.
 FUZZTIME ?= 150000x
-FUZZPKGS = . ./internal/field ./internal/usage ./internal/route
+FUZZPKGS = . ./internal/field ./internal/usage ./internal/route ./internal/control
 fuzz:
 	@for p in $(FUZZPKGS); do \
 		for f in $$($(GO) test -list '^Fuzz' $$p | grep '^Fuzz'); do \

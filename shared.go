@@ -10,7 +10,6 @@ import (
 	mathrand "math/rand/v2"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -703,54 +702,27 @@ func (s *shared) beatDue() bool {
 	return s.fallback.Load() == nil && s.member.Since(time.Now()) >= s.cfg.heartbeat/2
 }
 
-// hear records a pause announced on the channel, "<key id> <us left>" (with
-// " e<its end on the server's clock>" and " p<probes>" after it, see storm); the
-// turns a SharedLimits moved, "<key id> m <...>" (see SharedLimits.moved); or
-// a decrease of the key's rate, "<key id> x<old over new> <us until the
-// turns after it are spread>" (the end of the key's hold).
+// hear records what a key's script told the fleet (control.Told): a
+// hold, a change of the key's rate that moves the turns given after a
+// point (the end of the key's hold), or a SharedLimits' moved turns (see
+// SharedLimits.moved). A message that cannot be read is not heard.
 func (s *shared) hear(payload string) {
-	id, left, ok := strings.Cut(payload, " ")
-	if moved, isMove := strings.CutPrefix(left, "m "); ok && isMove {
+	t, ok := control.ParseTold(payload)
+	if !ok {
+		return
+	}
+	switch t.Kind {
+	case control.ToldMoved:
 		if s.onMoved != nil {
-			s.onMoved(id, moved)
+			s.onMoved(t.Key, t.Moved)
 		}
-		return
+	case control.ToldRate:
+		now := s.clock.Now()
+		s.retime(t.Key, t.Factor, now, now.Add(t.From), t.Seq)
+	case control.ToldHold:
+		now := s.clock.Now()
+		s.heard(t.Key, pauseMark{until: now.Add(t.Left), heard: now, end: t.End, probes: t.Probes})
 	}
-	if f, isMove := strings.CutPrefix(left, "x"); ok && isMove {
-		f, rest, _ := strings.Cut(f, " ")
-		from, n, _ := strings.Cut(rest, " ")
-		factor, err1 := strconv.ParseFloat(f, 64)
-		us, err2 := strconv.ParseInt(from, 10, 64)
-		seq, err3 := strconv.ParseUint(n, 10, 64)
-		if err1 == nil && err2 == nil && err3 == nil && us >= 0 && us <= micros(48*time.Hour) {
-			now := s.clock.Now()
-			s.retime(id, factor, now, now.Add(time.Duration(us)*time.Microsecond), seq)
-		}
-		return
-	}
-	fields := strings.Fields(left)
-	if !ok || len(fields) == 0 {
-		return
-	}
-	us, err := strconv.ParseInt(fields[0], 10, 64)
-	if err != nil || us <= 0 {
-		return
-	}
-	now := s.clock.Now()
-	p := pauseMark{until: now.Add(time.Duration(us) * time.Microsecond), heard: now}
-	for _, f := range fields[1:] {
-		switch {
-		case strings.HasPrefix(f, "e"):
-			if end, err := strconv.ParseInt(f[1:], 10, 64); err == nil && end > 0 {
-				p.end = end
-			}
-		case strings.HasPrefix(f, "p"):
-			if k, err := strconv.Atoi(f[1:]); err == nil && k >= 0 && k <= control.StormProbes {
-				p.probes = k
-			}
-		}
-	}
-	s.heard(id, p)
 }
 
 func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }

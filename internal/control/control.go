@@ -18,7 +18,8 @@
 // measure) and the tuning constants that internal/lua's tune.lua is
 // generated from, and control.lua and rate.lua, the same rules and
 // arithmetic for the fleet (embedded as Lua and RateLua; internal/lua
-// composes the scripts from them). It reads no clock, no
+// composes the scripts from them), and the grammar of what those scripts
+// tell the fleet on a key's channel (Told). It reads no clock, no
 // header and no option, keeps no key, sends nothing, and imports nothing
 // of the module but internal/clock's Later and Earlier: the root package
 // reads a response into a Response (Signal.response), keeps each key's
