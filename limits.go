@@ -215,10 +215,10 @@ type Limits struct {
 // limitState is one key's state of one limit: a bucket's tat, or a
 // window's grants, and what the window learnt of their settlements.
 type limitState struct {
-	bucket  gcra.Bucket // a bucket's
-	log     window.Log  // a window's grants
-	settled settleStats // a window's: how its grants have been settling (limits_settle.go)
-	open    []openGrant // a window's grants given and not yet settled, once settled tracks them
+	bucket  gcra.Bucket     // a bucket's
+	log     window.Log      // a window's grants
+	settled window.Settling // a window's: how its grants have been settling (limits_settle.go)
+	open    window.Open     // a window's grants given and not yet settled, once settled tracks them
 }
 
 func (s *limitState) AtRest(now time.Time) bool {
@@ -553,8 +553,8 @@ func (l *Limits) reserveLocked(key string, cost Cost, b budget) (Grant, time.Tim
 	for i, st := range states {
 		if st != nil {
 			st.take(&l.limits[i], cost.Of(l.limits[i].dim), at)
-			if !at.After(now) && st.settled.track {
-				st.open = append(st.open, openGrant{at: at, cost: int32(cost.Of(l.limits[i].dim))})
+			if !at.After(now) && st.settled.Track {
+				st.open = append(st.open, window.OpenGrant{At: at, Cost: int32(cost.Of(l.limits[i].dim))})
 			}
 		}
 	}
@@ -575,7 +575,7 @@ func (l *Limits) state(i int, key string, now time.Time) *limitState {
 	}
 	if lim.window {
 		s.log.Trim(now)
-		s.trimOpen(now)
+		s.open.Trim(now, s.log.W)
 	}
 	return s
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/fakellm"
 	"github.com/egress-go/egress/internal/redistest"
+	"github.com/egress-go/egress/internal/window"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -322,7 +323,7 @@ func limitsTrace(l *Limits) string {
 			es = append(es, fmt.Sprintf("%v:%d", st.log.At[j].Sub(limiterEpoch), st.log.Cost[j]))
 		}
 		open := slices.Clone(st.open)
-		slices.SortFunc(open, func(a, b openGrant) int { return a.at.Compare(b.at) })
+		slices.SortFunc(open, func(a, b window.OpenGrant) int { return a.At.Compare(b.At) })
 		s += fmt.Sprintf("; limit %d: sum %d log %v settled %+v open %v", i, st.log.Sum, es, st.settled, open)
 	}
 	return s

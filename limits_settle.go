@@ -3,11 +3,11 @@ package egress
 import (
 	"cmp"
 	"errors"
-	"math"
 	"slices"
 	"time"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/window"
 )
 
 // How a Limits plans a request whose turn lies beyond its budget.
@@ -21,7 +21,7 @@ import (
 // window's state learns how its grants settle (the ratio of the actual
 // cost to the estimate, and the time from a grant's turn to its
 // settlement, as moving averages), and once a settlement has differed
-// from its estimate it keeps the grants in flight (openGrant). A request
+// from its estimate it keeps the grants in flight (window.Open). A request
 // whose turn does not fit its budget is then planned again on a copy of
 // the windows in which each grant in flight, and each waiter once it
 // goes, settles as the key's grants have been settling (plan): when the
@@ -36,84 +36,10 @@ import (
 // It applies when the request and every waiter count in windows only, as
 // replan does; with a bucket, the plan on the estimates stands.
 
-// settleGain and devGain weigh a new settlement in the moving averages of
-// the ratio and the time to settle, and of the time's deviation.
-const (
-	settleGain = 0.125
-	devGain    = 0.25
-)
-
 // giveUpMargin is how long before its context's deadline a request that
 // waits on the expectation gives its turn back and is refused, so that it
 // returns a *LimitError rather than the context's error.
 const giveUpMargin = 5 * time.Millisecond
-
-// settleStats is what one window's state learnt of how its grants settle.
-type settleStats struct {
-	n     int           // settlements learnt from (capped at 1<<20)
-	ratio float64       // moving average of the actual cost over the estimate
-	tts   time.Duration // moving average of the time from a grant's turn to its settlement
-	dev   time.Duration // moving average of the time's deviation from tts
-	track bool          // a settlement differed from its estimate: the state keeps its grants in flight
-}
-
-// learn adds a settlement of ratio actual/estimate, tts after its turn.
-func (s *settleStats) learn(ratio float64, tts time.Duration) {
-	if s.n == 0 {
-		s.ratio, s.tts, s.dev = ratio, tts, tts/2
-	} else {
-		diff := tts - s.tts
-		s.ratio += settleGain * (ratio - s.ratio)
-		s.dev += time.Duration(devGain * float64(diff.Abs()-s.dev))
-		s.tts += time.Duration(settleGain * float64(diff))
-	}
-	s.n = min(s.n+1, 1<<20)
-}
-
-// expects reports whether the state's grants can be expected to settle
-// below their estimates.
-func (s *settleStats) expects() bool { return s.n > 0 && s.ratio < 1 }
-
-// expect returns what a grant of est at turn at is expected to cost once
-// settled, and when, seen at now; a zero time when it is not expected to
-// settle below est: nothing learnt, or overdue (well past the time grants
-// take to settle: it may never settle, as a body closed early).
-func (s *settleStats) expect(at time.Time, est int, now time.Time) (int, time.Time) {
-	if !s.expects() {
-		return est, time.Time{}
-	}
-	due := at.Add(s.tts)
-	if now.After(due.Add(s.tts + 4*s.dev)) {
-		return est, time.Time{}
-	}
-	return min(est, int(math.Ceil(float64(est)*s.ratio))), clock.Later(due, now)
-}
-
-// openGrant is a grant given in a window and not yet settled.
-type openGrant struct {
-	at   time.Time
-	cost int32
-}
-
-// trimOpen forgets the grants in flight that have left the window: they
-// count no more, settled or not.
-func (s *limitState) trimOpen(now time.Time) {
-	if len(s.open) == 0 {
-		return
-	}
-	s.open = slices.DeleteFunc(s.open, func(o openGrant) bool { return !o.at.Add(s.log.W).After(now) })
-}
-
-// closeOpen forgets the grant of cost at turn at, settled.
-func (s *limitState) closeOpen(at time.Time, cost int) {
-	for i, o := range s.open {
-		if o.at.Equal(at) && int(o.cost) == cost {
-			s.open[i] = s.open[len(s.open)-1]
-			s.open = s.open[:len(s.open)-1]
-			return
-		}
-	}
-}
 
 // openLocked counts g, whose turn has come, among the grants in flight of
 // the windows that keep them. The caller holds mu.
@@ -121,8 +47,8 @@ func (l *Limits) openLocked(g Grant) {
 	for i := range l.limits {
 		lim := &l.limits[i]
 		if c := g.Cost.Of(lim.dim); c > 0 && lim.window {
-			if st, ok := l.states[i].M[lim.key(g.Key)]; ok && st.settled.track {
-				st.open = append(st.open, openGrant{at: g.At, cost: int32(c)})
+			if st, ok := l.states[i].M[lim.key(g.Key)]; ok && st.settled.Track {
+				st.open = append(st.open, window.OpenGrant{At: g.At, Cost: int32(c)})
 			}
 		}
 	}
@@ -144,10 +70,10 @@ func (l *Limits) learnLocked(g Grant, actual Cost, now time.Time) {
 		if !ok {
 			continue
 		}
-		st.closeOpen(g.At, est)
+		st.open.Close(g.At, est)
 		if a := actual.Of(lim.dim); a > 0 && !g.At.After(now) {
-			st.settled.learn(float64(a)/float64(est), now.Sub(g.At))
-			st.settled.track = st.settled.track || a != est
+			st.settled.Learn(float64(a)/float64(est), now.Sub(g.At))
+			st.settled.Track = st.settled.Track || a != est
 		}
 	}
 }
@@ -268,14 +194,14 @@ func (l *Limits) expectLocked(key string, cost Cost, now time.Time) (at time.Tim
 		if !lim.window {
 			return at, -1, false
 		}
-		if st, found := l.states[i].M[lim.key(key)]; found && st.settled.expects() {
+		if st, found := l.states[i].M[lim.key(key)]; found && st.settled.Expects() {
 			learnt = true
 		}
 	}
 	if !learnt {
 		return at, -1, false
 	}
-	p := plan{l: l, now: now, states: make(map[planKey]*planState)}
+	p := plan{l: l, now: now, states: make(map[planKey]*window.Plan)}
 	var ws []*limitsWaiter
 	for _, w := range l.waiters {
 		for i := range l.limits {
@@ -313,7 +239,7 @@ func (l *Limits) expectLocked(key string, cost Cost, now time.Time) (at time.Tim
 type plan struct {
 	l      *Limits
 	now    time.Time
-	states map[planKey]*planState
+	states map[planKey]*window.Plan
 }
 
 type planKey struct {
@@ -321,76 +247,32 @@ type planKey struct {
 	key   string
 }
 
-// planState is one window's grants in a plan, in the order of their turns.
-type planState struct {
-	n     int
-	win   time.Duration
-	stats settleStats
-	es    []planEntry
-}
-
-// planEntry is a grant in a plan: it counts est until it settles (never,
-// when settle is zero), then exp, until it leaves the window.
-type planEntry struct {
-	at     time.Time
-	est    int
-	exp    int
-	settle time.Time
-	open   bool // a grant in flight, matched
-}
-
 // state returns limit i's window for a request of key, copied from the
 // limits when first asked for.
-func (p *plan) state(i int, key string) *planState {
+func (p *plan) state(i int, key string) *window.Plan {
 	lim := &p.l.limits[i]
 	k := planKey{i, lim.key(key)}
 	if s := p.states[k]; s != nil {
 		return s
 	}
-	s := &planState{n: lim.n, win: lim.w + p.l.margin}
+	s := &window.Plan{N: lim.n, Win: lim.w + p.l.margin}
 	if st, ok := p.l.states[i].M[k.key]; ok {
 		st.log.Trim(p.now)
-		st.trimOpen(p.now)
-		s.win, s.stats = st.log.W, st.settled
+		st.open.Trim(p.now, st.log.W)
+		s.Win, s.Stats = st.log.W, st.settled
 		for j := st.log.First; j < len(st.log.At); j++ {
-			s.es = append(s.es, planEntry{at: st.log.At[j], est: int(st.log.Cost[j]), exp: int(st.log.Cost[j])})
+			s.Entries = append(s.Entries, window.Entry{At: st.log.At[j], Est: int(st.log.Cost[j]), Exp: int(st.log.Cost[j])})
 		}
 		for _, o := range st.open {
-			if j := s.find(o.at, int(o.cost), false); j >= 0 {
-				e := &s.es[j]
-				e.open = true
-				e.exp, e.settle = s.stats.expect(o.at, e.est, p.now)
+			if j := s.Find(o.At, int(o.Cost), false); j >= 0 {
+				e := &s.Entries[j]
+				e.Open = true
+				e.Exp, e.Settle = s.Stats.Expect(o.At, e.Est, p.now)
 			}
 		}
 	}
 	p.states[k] = s
 	return s
-}
-
-// find returns the index of the last grant of cost at turn at that is, or
-// is not (open), a grant in flight already matched; -1 when there is none.
-func (s *planState) find(at time.Time, cost int, open bool) int {
-	j := sortSearchTime(s.es, at)
-	for ; j >= 0 && s.es[j].at.Equal(at); j-- {
-		if s.es[j].est == cost && s.es[j].open == open {
-			return j
-		}
-	}
-	return -1
-}
-
-// sortSearchTime returns the index of the last entry at or before at, or -1.
-func sortSearchTime(es []planEntry, at time.Time) int {
-	lo, hi := 0, len(es)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if es[m].at.After(at) {
-			hi = m
-		} else {
-			lo = m + 1
-		}
-	}
-	return lo - 1
 }
 
 // remove takes waiter w's grants out of the plan's windows, to be placed
@@ -402,11 +284,11 @@ func (p *plan) remove(w *limitsWaiter) bool {
 			continue
 		}
 		s := p.state(i, w.key)
-		j := s.find(w.at, c, false)
+		j := s.Find(w.at, c, false)
 		if j < 0 {
 			return false
 		}
-		s.es = slices.Delete(s.es, j, j+1)
+		s.Entries = slices.Delete(s.Entries, j, j+1)
 	}
 	return true
 }
@@ -417,10 +299,10 @@ func (p *plan) going(w *limitsWaiter) {
 	for i := range p.l.limits {
 		if c := w.cost.Of(p.l.limits[i].dim); c > 0 {
 			s := p.state(i, w.key)
-			if j := s.find(w.at, c, false); j >= 0 {
-				e := &s.es[j]
-				e.open = true
-				e.exp, e.settle = s.stats.expect(w.at, c, p.now)
+			if j := s.Find(w.at, c, false); j >= 0 {
+				e := &s.Entries[j]
+				e.Open = true
+				e.Exp, e.Settle = s.Stats.Expect(w.at, c, p.now)
 			}
 		}
 	}
@@ -436,7 +318,7 @@ func (p *plan) earliest(key string, cost Cost) (time.Time, int) {
 	}
 	for i := range p.l.limits {
 		if c := cost.Of(p.l.limits[i].dim); c > 0 {
-			if t := p.state(i, key).earliest(c, p.now); t.After(at) {
+			if t := p.state(i, key).Earliest(c, p.now); t.After(at) {
 				at, binding = t, i
 			}
 		}
@@ -449,67 +331,7 @@ func (p *plan) earliest(key string, cost Cost) (time.Time, int) {
 func (p *plan) place(key string, cost Cost, at time.Time) {
 	for i := range p.l.limits {
 		if c := cost.Of(p.l.limits[i].dim); c > 0 {
-			p.state(i, key).place(c, at)
+			p.state(i, key).Place(c, at)
 		}
 	}
-}
-
-// place grants c at turn at, after every turn in the window: it settles as
-// the window's grants have been settling.
-func (s *planState) place(c int, at time.Time) {
-	e := planEntry{at: at, est: c}
-	e.exp, e.settle = s.stats.expect(at, c, at)
-	s.es = append(s.es, e)
-}
-
-// planEvent is a fall of a window's count: a settlement or a grant leaving.
-type planEvent struct {
-	at time.Time
-	d  int
-}
-
-// earliest returns the first turn at or after from, and after every turn
-// in the window, at which the window holds at most n − c, its grants
-// counting their expected settlements from the time each is expected.
-func (s *planState) earliest(c int, from time.Time) time.Time {
-	at := from
-	if len(s.es) > 0 {
-		at = clock.Later(at, s.es[len(s.es)-1].at)
-	}
-	sum := 0
-	var evs []planEvent
-	for _, e := range s.es {
-		leave := e.at.Add(s.win)
-		if !leave.After(at) {
-			continue
-		}
-		switch {
-		case e.settle.IsZero() || !e.settle.Before(leave):
-			sum += e.est
-			evs = append(evs, planEvent{leave, -e.est})
-		case !e.settle.After(at):
-			sum += e.exp
-			evs = append(evs, planEvent{leave, -e.exp})
-		default:
-			sum += e.est
-			evs = append(evs, planEvent{e.settle, e.exp - e.est}, planEvent{leave, -e.exp})
-		}
-	}
-	if sum+c <= s.n {
-		return at
-	}
-	slices.SortFunc(evs, func(a, b planEvent) int { return a.at.Compare(b.at) })
-	for j := 0; j < len(evs); j++ {
-		sum += evs[j].d
-		if j+1 < len(evs) && evs[j+1].at.Equal(evs[j].at) {
-			continue
-		}
-		if sum+c <= s.n {
-			return evs[j].at
-		}
-	}
-	if len(evs) > 0 {
-		return evs[len(evs)-1].at
-	}
-	return at
 }

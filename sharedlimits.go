@@ -18,6 +18,7 @@ import (
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/keyed"
 	"github.com/egress-go/egress/internal/lua"
+	"github.com/egress-go/egress/internal/window"
 )
 
 // SharedLimits is Limits for a whole fleet: every instance that uses the
@@ -134,7 +135,7 @@ func NewSharedLimits(rdb redis.UniversalClient, name string, limits []Limit, opt
 		waiting: make(map[string]*sharedWaiter),
 		largest: make([]atomic.Int64, len(limits)),
 	}
-	l.settled.stats = make([]settleStats, len(limits))
+	l.settled.stats = make([]window.Settling, len(limits))
 	l.replan = true
 	for _, lim := range limits {
 		l.replan = l.replan && lim.window && lim.parent == nil

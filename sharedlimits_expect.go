@@ -7,6 +7,7 @@ import (
 
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/window"
 )
 
 // How a SharedLimits plans a request whose turn lies beyond its budget.
@@ -18,19 +19,19 @@ import (
 // settle below their estimates (the ratio of actual to estimate and the
 // time from turn to settlement, from the settlements it made), it reads
 // that window's grants from Redis (one more call) and plans on them with
-// Limits' arithmetic (planState): a grant whose turn has passed settles as
-// the grants have been settling, unless it is overdue (then it has settled,
-// or never will: it counts as it stands); the grants whose turns are still
-// to come — the fleet's waiters — are given their turns again in order, as
-// a settlement's replan would, each settling in its turn. When the turn
-// found there fits the budget, the request takes its real turn, beyond the
-// budget, and waits: a settlement anywhere in the fleet gives the turns
-// still to come again, sooner (replan in limits.lua), and the request gives
-// its turn back at the budget's end (giveUpMargin before the deadline) with
-// a *LimitError if the refunds did not bring it in. Otherwise it is
-// refused at once, stating the wait under that expectation. Every turn
-// taken is the real one: the expectation decides only whether to wait or
-// refuse, so the windows' bound holds as before.
+// Limits' arithmetic (internal/window's Plan): a grant whose turn has
+// passed settles as the grants have been settling, unless it is overdue
+// (then it has settled, or never will: it counts as it stands); the grants
+// whose turns are still to come — the fleet's waiters — are given their
+// turns again in order, as a settlement's replan would, each settling in
+// its turn. When the turn found there fits the budget, the request takes
+// its real turn, beyond the budget, and waits: a settlement anywhere in the
+// fleet gives the turns still to come again, sooner (replan in limits.lua),
+// and the request gives its turn back at the budget's end (giveUpMargin
+// before the deadline) with a *LimitError if the refunds did not bring it
+// in. Otherwise it is refused at once, stating the wait under that
+// expectation. Every turn taken is the real one: the expectation decides
+// only whether to wait or refuse, so the windows' bound holds as before.
 //
 // It applies when every limit is a window and none is a parent's (the
 // script replans only then), and plans on the binding window alone.
@@ -43,7 +44,7 @@ const maxPlanGrants = 2048
 // process settled them. Safe for concurrent use.
 type settling struct {
 	mu    sync.Mutex
-	stats []settleStats // guarded by mu; per limit
+	stats []window.Settling // guarded by mu; per limit
 }
 
 // learn learns how g settled at actual in each window limit at now: a
@@ -54,12 +55,12 @@ func (s *settling) learn(limits []Limit, g Grant, actual Cost, now time.Time) {
 	for i := range limits {
 		est, a := g.Cost.Of(limits[i].dim), actual.Of(limits[i].dim)
 		if limits[i].window && est > 0 && a > 0 && !g.At.After(now) {
-			s.stats[i].learn(float64(a)/float64(est), now.Sub(g.At))
+			s.stats[i].Learn(float64(a)/float64(est), now.Sub(g.At))
 		}
 	}
 }
 
-func (s *settling) of(i int) settleStats {
+func (s *settling) of(i int) window.Settling {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.stats[i]
@@ -76,14 +77,14 @@ func (l *SharedLimits) expectation(ctx context.Context, key string, cost Cost, r
 		return rep.wait, false
 	}
 	st := l.settled.of(i)
-	if !st.expects() {
+	if !st.Expects() {
 		return rep.wait, false
 	}
 	ps, at, err := l.readWindow(ctx, key, i, st)
 	if err != nil || ps == nil {
 		return rep.wait, false
 	}
-	e := max(ps.earliest(cost.Of(l.limits[i].dim), at).Sub(at), 0)
+	e := max(ps.Earliest(cost.Of(l.limits[i].dim), at).Sub(at), 0)
 	if e >= rep.wait {
 		return rep.wait, false
 	}
@@ -96,7 +97,7 @@ func (l *SharedLimits) expectation(ctx context.Context, key string, cost Cost, r
 // clock): the grants whose turns are still to come given their turns
 // again, in order. A nil plan when the window holds more than
 // maxPlanGrants.
-func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st settleStats) (*planState, time.Time, error) {
+func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st window.Settling) (*window.Plan, time.Time, error) {
 	s := l.fleet
 	args := limitsWindowArgs(l.groups, i+1, maxPlanGrants)
 	var vals []int64
@@ -117,22 +118,22 @@ func (l *SharedLimits) readWindow(ctx context.Context, key string, i int, st set
 		return nil, now, nil // none, or more than the most: planned on the estimates
 	}
 	lim := &l.limits[i]
-	ps := &planState{n: lim.n, win: lim.w + l.margin, stats: st}
-	var waiters []planEntry
+	ps := &window.Plan{N: lim.n, Win: lim.w + l.margin, Stats: st}
+	var waiters []window.Entry
 	for _, g := range rep.grants {
 		at := now.Add(time.Duration(g.turn-rep.now) * time.Microsecond)
 		if at.After(now) {
-			waiters = append(waiters, planEntry{at: at, est: g.cost})
+			waiters = append(waiters, window.Entry{At: at, Est: g.cost})
 			continue
 		}
-		e := planEntry{at: at, est: g.cost, exp: g.cost}
-		if exp, settle := st.expect(at, g.cost, now); !settle.IsZero() {
-			e.exp, e.settle, e.open = exp, settle, true
+		e := window.Entry{At: at, Est: g.cost, Exp: g.cost}
+		if exp, settle := st.Expect(at, g.cost, now); !settle.IsZero() {
+			e.Exp, e.Settle, e.Open = exp, settle, true
 		}
-		ps.es = append(ps.es, e)
+		ps.Entries = append(ps.Entries, e)
 	}
 	for _, w := range waiters {
-		ps.place(w.est, clock.Earlier(ps.earliest(w.est, now), w.at)) // as replan would: never later
+		ps.Place(w.Est, clock.Earlier(ps.Earliest(w.Est, now), w.At)) // as replan would: never later
 	}
 	return ps, now, nil
 }

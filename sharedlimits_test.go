@@ -621,7 +621,7 @@ func TestSharedLimitsPlansWithRefunds(t *testing.T) {
 		a.Settle(g, Cost{Tokens: 10})
 	}
 	st := a.settled.of(0)
-	require.True(t, st.expects())
+	require.True(t, st.Expects())
 	ask := func(maxWait time.Duration) (Grant, error, time.Duration) {
 		start := time.Now()
 		g, err := a.WaitCost(ctx, "k", Cost{Tokens: 500}, maxWait)

@@ -2,7 +2,9 @@
 // grant of a cost next fits under a limit of n units in any window of
 // length W, and the log's upkeep as grants are added, charged after the
 // fact, resized, given back and left behind. A grant is a turn (a time)
-// and a cost; a turn may be in the future (a waiter's).
+// and a cost; a turn may be in the future (a waiter's). It owns, too, what
+// a window learns of how its grants settle, and the plan of a request's
+// turn on the settlements expected (plan.go).
 //
 // It knows nothing of keys, waiters, clocks, rates or Redis: egress's
 // WindowLimit and Limits keep one Log a key and a limit, under their own
