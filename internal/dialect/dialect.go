@@ -1,18 +1,18 @@
 // Package dialect holds the built-in readers of the providers' dialects:
 // which header (and which 429 body) of which provider means what, read
-// into a Reading, which the root adds to its Signal. The IETF RateLimit fields and
-// their older draft, the X-RateLimit-* families, OpenAI's, Anthropic's,
-// Discord's, Shopify's, Salesforce's, HubSpot's, Stripe's, Jira's and
-// Zendesk's (docs/dialects.md lists what each reads). Retry-After, HTTP's
-// own, is the root's (retryafter.go).
+// into a Reading, which the root adds to its Signal. The IETF RateLimit
+// fields and their older draft, the X-RateLimit-* families, OpenAI's,
+// Anthropic's, Discord's, Shopify's, Salesforce's, HubSpot's, Stripe's,
+// Jira's and Zendesk's (docs/dialects.md lists what each reads).
+// Retry-After, HTTP's own, is the root's (retryafter.go).
 //
 // It owns the meaning of the headers, not the grammar of their values
 // (internal/field's) nor what a Signal does with them (the root's Signal
 // validates, caps and merges what the readers found; its controller
-// decides). It keeps no state, reads no clock, and imports
-// nothing of the module but internal/field. Every header and body is
-// hostile input: a value that cannot be read is ignored, never guessed,
-// and nothing here panics.
+// decides). It keeps no state, reads no clock, and imports nothing of the
+// module but internal/field. Every header and body is hostile input: a
+// value that cannot be read is ignored, never guessed, and nothing here
+// panics.
 package dialect
 
 import (
@@ -27,8 +27,9 @@ import (
 // Signal (its AddQuota, AddRetryAfter, SetScope and SetRetry validate, cap
 // and merge). The readers only add: a Quota as it was read, the longest
 // wait asked for, every scope and word on retrying said, the first reason.
-// It is a value the caller keeps on its stack, the first quotas found in
-// it: reading a response costs no allocation.
+// It is a value the caller keeps on its stack, with the first two quotas
+// found in it: reading a response that reports no more costs no
+// allocation.
 type Reading struct {
 	now      time.Time
 	maxWait  time.Duration // the cap on waits and resets; math.MaxInt64 for none
@@ -203,13 +204,10 @@ func IsResetHeader(canonical string) bool {
 	return false
 }
 
-// Read runs the built-in readers over resp, into s. A response
-// that is no 429 (whose body may speak) and has no header that may carry a
-// signal is passed over after one look at its header names.
+// Read runs the built-in readers over resp, into s. Its caller passes
+// over a response that is no 429 (whose body may speak) and has no header
+// that may carry a signal (MaySignal), after one look at its header names.
 func Read(resp *http.Response, s *Reading) {
-	if resp.StatusCode != http.StatusTooManyRequests && !MaySignal(resp.Header) {
-		return
-	}
 	ietfReader{field: hRateLimit, policy: hRateLimitPolicy}.read(resp, s)
 	ietfReader{field: hBetaRateLimit, policy: hBetaRateLimitPolicy}.read(resp, s)
 	draftReader{}.read(resp, s)
@@ -227,9 +225,10 @@ func Read(resp *http.Response, s *Reading) {
 
 // MaySignal reports whether h has a header that a built-in reader may
 // read, or the root's Retry-After reader: every one of their names holds
-// "imit" (RateLimit, Rate-Limit, Call-Limit, Limited) or "Retry". Every response's headers are looked at
-// so, one pass over each name's bytes: two strings.Contains a name were
-// 125 ns of the allowed path for eight plain headers.
+// "imit" (RateLimit, Rate-Limit, Call-Limit, Limited) or "Retry". Every
+// response's headers are looked at so, one pass over each name's bytes:
+// two strings.Contains a name were 125 ns of the allowed path for eight
+// plain headers.
 func MaySignal(h http.Header) bool {
 	for name := range h {
 		if signalName(name) {
