@@ -16,6 +16,7 @@ import (
 
 	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/fakeapi"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -217,7 +218,9 @@ func (r adpRun) log(t *testing.T, fleet []*adpInstance, key string) {
 func adpHostKey(api *fakeapi.API) string { return strings.TrimPrefix(api.URL(), "http://") }
 
 // adpRateKey is the Redis key of a shared limiter's learnt limit for key.
-func adpRateKey(name, key string) string { return "egress:{" + name + ":" + keyID(key) + "}:rate" }
+func adpRateKey(name, key string) string {
+	return "egress:{" + name + ":" + keyspace.ID(key) + "}:rate"
+}
 
 // adpCheckBounds checks that no instance's effective rate is above the
 // configured rate or below the default floor (a tenth of it).

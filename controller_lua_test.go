@@ -17,6 +17,7 @@ import (
 
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/control"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -589,7 +590,7 @@ return {redis.call('HGET', 'de', field.wmax)}`, turns, (span / turns).Microsecon
 		require.NoError(t, l.Learn(ctx, "k", count(429, marked.Add(-time.Millisecond))).Err)
 		require.NoError(t, l.Learn(ctx, "k", count(429, time.Now())).Err)
 		require.NoError(t, l.Learn(ctx, "k", count(429, time.Now())).Err)
-		drf, err := rdb.HGet(ctx, l.redisKeys(keyID("k"))[2], fieldDrf).Int()
+		drf, err := rdb.HGet(ctx, l.redisKeys(keyspace.ID("k"))[2], fieldDrf).Int()
 		require.NoError(t, err)
 		assert.Equal(t, 2, drf, "the two refusals sent after the mark, not the one sent before it")
 	})
@@ -724,7 +725,7 @@ func TestSharedControllerSteps(t *testing.T) {
 					// The fleet's probes are the turns the script tells as
 					// probes (TestProbesAfterAHold): as if this one had been.
 					l.mu.Lock()
-					l.probedLocked(keyID("k"), s.SentAt)
+					l.probedLocked(keyspace.ID("k"), s.SentAt)
 					l.mu.Unlock()
 				}
 				want := learnSignal(&goSt, &goCfg, &s)
@@ -743,14 +744,14 @@ func TestSharedControllerSteps(t *testing.T) {
 					assert.InDelta(t, goSt.Rate(&goCfg, now), l.EffectiveRate("k").PerSecond(), 1e-6, "step %d: rate", j)
 				}
 				// The climb's plateau (plateauFor), as the script keeps it.
-				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyID("k"))[2], fieldPl).Float64()
+				pl, err := rdb.HGet(context.Background(), l.redisKeys(keyspace.ID("k"))[2], fieldPl).Float64()
 				if errors.Is(err, redis.Nil) {
 					pl, err = 0, nil
 				}
 				require.NoError(t, err, "step %d", j)
 				assert.InDelta(t, goSt.Plateau, pl, 1e-6, "step %d: plateau", j)
 				l.mu.Lock()
-				lr := l.learnt.M[keyID("k")]
+				lr := l.learnt.M[keyspace.ID("k")]
 				l.mu.Unlock()
 				if lr != nil && (goSt.Shape != control.ShapeUnknown || lr.shape != control.ShapeUnknown) {
 					assert.Equal(t, goSt.Shape, lr.shape, "step %d: shape", j)
@@ -967,7 +968,7 @@ func TestSharedLearnsABucketFromItsGrants(t *testing.T) {
 	require.NoError(t, d.Err)
 	assert.True(t, d.Hold.IsZero(), "a bucket's success holds nothing; held %v", d.Hold.Sub(now))
 	l.mu.Lock()
-	lr := l.learnt.M[keyID("k")]
+	lr := l.learnt.M[keyspace.ID("k")]
 	l.mu.Unlock()
 	require.NotNil(t, lr)
 	assert.Equal(t, control.ShapeBucket, lr.shape)

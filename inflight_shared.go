@@ -13,6 +13,7 @@ import (
 
 	"github.com/egress-go/egress/internal/announce"
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/lease"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/member"
@@ -48,7 +49,8 @@ import (
 // Keys in Redis: egress:{<name>:<key hash>}:slots per key (each key's
 // leases in one Cluster slot, different keys spread over the Cluster),
 // egress:{<name>}:slot-members for the heartbeat (both expire when
-// unused), and the channel egress:{<name>}:slots.
+// unused), and each key's channel egress:{<name>:<key hash>}:released,
+// in the key's slot (internal/keyspace).
 //
 // Close stops the background goroutine and gives back the leases the
 // instance holds. A SharedInFlightLimit is safe for simultaneous use by
@@ -120,19 +122,19 @@ func NewSharedInFlightLimit(rdb redis.UniversalClient, name string, n int, opts 
 		stop:    make(chan struct{}), done: make(chan struct{}),
 	}
 	s.member = member.New(rdb, redis.NewScript(lua.Heartbeat), s.membersKey(), slotMembersTTL, nil)
-	s.ann = announce.New(rdb, "egress:{"+name+":*}:released", s.cfg.timeout)
+	s.ann = announce.New(rdb, keyspace.Pattern(name, "released"), s.cfg.timeout)
 	go s.background()
 	return s, nil
 }
 
 func (s *SharedInFlightLimit) slotsKey(id string) string {
-	return "egress:{" + s.name + ":" + id + "}:slots"
+	return keyspace.Tag(s.name, id) + "slots"
 }
-func (s *SharedInFlightLimit) membersKey() string { return "egress:{" + s.name + "}:slot-members" }
+func (s *SharedInFlightLimit) membersKey() string { return keyspace.Own(s.name) + "slot-members" }
 
 // channel is the channel of key id's released slots (see internal/announce).
 func (s *SharedInFlightLimit) channel(id string) string {
-	return "egress:{" + s.name + ":" + id + "}:released"
+	return keyspace.Tag(s.name, id) + "released"
 }
 
 // Acquire implements InFlightLimiter. Waiting in Redis, it returns a
@@ -144,7 +146,7 @@ func (s *SharedInFlightLimit) Acquire(ctx context.Context, key string, maxWait t
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	id := keyID(key)
+	id := keyspace.ID(key)
 	start := time.Now()
 	var expired <-chan time.Time
 	if maxWait > 0 {
@@ -545,7 +547,7 @@ func (s *SharedInFlightLimit) InFlight(ctx context.Context, key string) (int, er
 		if err != nil {
 			return err
 		}
-		n, err = s.rdb.ZCount(c, s.slotsKey(keyID(key)), strconv.FormatInt(t.UnixMicro()+1, 10), "+inf").Result()
+		n, err = s.rdb.ZCount(c, s.slotsKey(keyspace.ID(key)), strconv.FormatInt(t.UnixMicro()+1, 10), "+inf").Result()
 		return err
 	})
 	return int(n), err

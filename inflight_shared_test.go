@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -507,7 +508,7 @@ func TestSharedInFlightRenews(t *testing.T) {
 	assert.Equal(t, 1, n, "renewed, still held")
 	// The key expires a second after its latest lease, so idle keys vanish.
 	rdb := srv.Client(t)
-	ttl, err := rdb.PTTL(ctx, l.slotsKey(keyID("k"))).Result()
+	ttl, err := rdb.PTTL(ctx, l.slotsKey(keyspace.ID("k"))).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, time.Second)
 	assert.LessOrEqual(t, ttl, 300*time.Millisecond+time.Second)
@@ -520,7 +521,7 @@ func TestSharedInFlightRenews(t *testing.T) {
 	n, err = l.InFlight(ctx, "k")
 	require.NoError(t, err)
 	assert.Zero(t, n)
-	exists, err := rdb.Exists(ctx, l.slotsKey(keyID("k"))).Result()
+	exists, err := rdb.Exists(ctx, l.slotsKey(keyspace.ID("k"))).Result()
 	require.NoError(t, err)
 	assert.Zero(t, exists, "a key with no lease is gone")
 }

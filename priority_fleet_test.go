@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -33,7 +34,7 @@ func reserveOrdered(t *testing.T, l *shared, turns ...fleetTurn) []reserved {
 	for _, ft := range turns {
 		batch = append(batch, &pending{cost: 1, turn: ft, res: make(chan reserved, 1)})
 	}
-	got, _, err := l.runReserve(keyID("api.test"), batch)
+	got, _, err := l.runReserve(keyspace.ID("api.test"), batch)
 	require.NoError(t, err)
 	for i := range got {
 		got[i] = got[i].clean()

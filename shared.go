@@ -2,8 +2,6 @@ package egress
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -21,6 +19,7 @@ import (
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/control"
 	"github.com/egress-go/egress/internal/keyed"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/member"
 )
@@ -327,7 +326,7 @@ func newShared(op string, rdb redis.UniversalClient, name string, r Rate, opts [
 		stop:          make(chan struct{}),
 		done:          make(chan struct{}),
 	}
-	s.ann = announce.New(rdb, "egress:{"+name+":*}:pauses", cfg.timeout)
+	s.ann = announce.New(rdb, keyspace.Pattern(name, "pauses"), cfg.timeout)
 	if s.clock == nil {
 		s.clock = clock.Real{}
 	}
@@ -356,19 +355,12 @@ const hsetFields = 500
 
 //go:generate go test -run ^TestScriptTune$ . -update
 
-// keyID names a caller's key in Redis: a hash, so that no key can reach
-// outside its own namespace or collide with another limiter's keys.
-func keyID(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:16])
-}
-
 // redisKeys returns the bucket, pause, learnt-state and (for a pacer)
 // queue keys of a key id. They share the hash tag {name:id}, so a
 // script's keys share a Cluster slot, while different keys spread over
 // the Cluster.
 func (s *shared) redisKeys(id string) []string {
-	tag := "egress:{" + s.name + ":" + id + "}:"
+	tag := keyspace.Tag(s.name, id)
 	return append(make([]string, 0, 5), tag+s.shape, tag+"pause", tag+"rate", tag+"queue")
 }
 
@@ -376,17 +368,17 @@ func (s *shared) redisKeys(id string) []string {
 // reservation touches only when a request of it is ordered (see
 // fleetTurn).
 func (s *shared) sharesKey(id string) string {
-	return "egress:{" + s.name + ":" + id + "}:shares"
+	return keyspace.Tag(s.name, id) + "shares"
 }
 
 // ordersFleet marks the shared limiters, which keep the fleet's priority
 // order (see fleetTurn).
 func (*shared) ordersFleet() {}
 
-func (s *shared) membersKey() string { return "egress:{" + s.name + "}:members" }
+func (s *shared) membersKey() string { return keyspace.Own(s.name) + "members" }
 
 // keyChannel is the channel of key id's announcements (see internal/announce).
-func (s *shared) keyChannel(id string) string { return "egress:{" + s.name + ":" + id + "}:pauses" }
+func (s *shared) keyChannel(id string) string { return keyspace.Tag(s.name, id) + "pauses" }
 
 // Wait implements Limiter for the fleet: see SharedTokenBucket and
 // SharedLeakyBucket.
@@ -397,7 +389,7 @@ func (s *shared) Wait(ctx context.Context, key string, cost int, maxWait time.Du
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	id := keyID(key)
+	id := keyspace.ID(key)
 	start := s.clock.Now()
 	for {
 		if fb := s.fallback.Load(); fb != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/member"
 	"github.com/egress-go/egress/internal/redistest"
@@ -166,7 +167,7 @@ func startOf256(t *testing.T, name string) (*SharedTokenBucket, *clock.Fake, tim
 	l.coalesce = false // one call a request, at the fake clock's now
 	return l, fc, start, func(key string) time.Time {
 		t.Helper()
-		id := keyID(key)
+		id := keyspace.ID(key)
 		l.mu.Lock()
 		if _, ok := l.lanes.Get(id, fc.Now()); !ok {
 			l.lanes.Put(id, &batchLane{born: start})

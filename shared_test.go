@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/caller"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -1213,7 +1214,7 @@ func TestSharedMaxWaitAcrossPause(t *testing.T) {
 	// The pause begins now, after the reservation, and lasts until t0+2.6s.
 	until := t0.Add(2600 * time.Millisecond)
 	require.NoError(t, holdKey(ctx, a, "k", until))
-	id := keyID("k")
+	id := keyspace.ID("k")
 	heard := func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -1316,7 +1317,7 @@ func TestSharedCluster(t *testing.T) {
 	t.Run("announced on the key's shard", func(t *testing.T) {
 		a, b := tbs[0].(*SharedTokenBucket), tbs[1].(*SharedTokenBucket)
 		key := "sharded"
-		ch, id := a.keyChannel(keyID(key)), keyID(key)
+		ch, id := a.keyChannel(keyspace.ID(key)), keyspace.ID(key)
 		for _, l := range []*SharedTokenBucket{a, b} {
 			_, err := l.Wait(ctx, key, 1, 0)
 			require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/control"
+	"github.com/egress-go/egress/internal/keyspace"
 )
 
 // The shared limiters keep a key's controller state in Redis beside its
@@ -106,7 +107,7 @@ func (s *shared) Rate() Rate { return s.rate }
 func (s *shared) EffectiveRate(key string) Rate {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.learntRateLocked(keyID(key))
+	return s.learntRateLocked(keyspace.ID(key))
 }
 
 // learntRateLocked returns key id's rate as last seen. The caller holds mu.
@@ -150,7 +151,7 @@ func (s *shared) Learn(ctx context.Context, key string, sig Signal) Decision {
 		return fb.limiter.(Learner).Learn(ctx, key, sig)
 	}
 	ctx = context.WithoutCancel(ctx)
-	id := keyID(key)
+	id := keyspace.ID(key)
 	r := sig.response()
 	h := s.record(id, &r)
 	var d Decision
@@ -465,7 +466,7 @@ func (s *shared) fallbackLearn(share Rate) control.Config {
 // share, or nil when it learnt nothing.
 func (s *shared) seedFallback(key string, now time.Time) *control.State {
 	s.mu.Lock()
-	l, ok := s.learnt.M[keyID(key)]
+	l, ok := s.learnt.M[keyspace.ID(key)]
 	rate := 0.0
 	if ok {
 		rate = l.rate

@@ -17,6 +17,7 @@ import (
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/keyed"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/lua"
 	"github.com/egress-go/egress/internal/window"
 )
@@ -234,10 +235,10 @@ type limitsReply struct {
 func (l *SharedLimits) topID(key string) string {
 	for i := range l.limits {
 		if l.limits[i].parent != nil {
-			return keyID(l.limits[i].parent(key))
+			return keyspace.ID(l.limits[i].parent(key))
 		}
 	}
-	return keyID(key)
+	return keyspace.ID(key)
 }
 
 // channel returns the channel of key's announcements: its top key's, in
@@ -248,11 +249,11 @@ func (l *SharedLimits) channel(key string) string { return l.fleet.keyChannel(l.
 // each limit's state and grants, and the counter of grant ids. They share
 // the hash tag of the top key (see SharedLimits).
 func (l *SharedLimits) redisKeys(key string) []string {
-	tag := "egress:{" + l.fleet.name + ":" + l.topID(key) + "}:lm:"
+	tag := keyspace.Tag(l.fleet.name, l.topID(key)) + "lm:"
 	keys := make([]string, 1, 4+2*len(l.limits))
-	keys[0] = tag + "hold:" + keyID(key)
+	keys[0] = tag + "hold:" + keyspace.ID(key)
 	for i := range l.limits {
-		k := tag + strconv.Itoa(i) + ":" + keyID(l.limits[i].key(key))
+		k := tag + strconv.Itoa(i) + ":" + keyspace.ID(l.limits[i].key(key))
 		keys = append(keys, k, k+":g")
 	}
 	// Last, the order and shares of the top key (its requests, of every
@@ -362,7 +363,7 @@ func (l *SharedLimits) take(ctx context.Context, key string, cost Cost, maxWait 
 	case rep.refused:
 		return Grant{}, false, b.refuseWith(key, l.bindingCost(cost, rep.binding), rep.wait, s.clock.Now())
 	}
-	id := keyID(key)
+	id := keyspace.ID(key)
 	g = Grant{Key: key, Cost: cost, At: rep.at.Add(rep.wait), turn: rep.turn}
 	if err := l.sleep(ctx, id, rep.gid, &g, end); err != nil {
 		l.giveBack(g)
@@ -749,7 +750,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if !changed {
 		return
 	}
-	a.replan, a.channel, a.id = b2i(l.replan), l.channel(g.Key), keyID(g.Key)
+	a.replan, a.channel, a.id = b2i(l.replan), l.channel(g.Key), keyspace.ID(g.Key)
 	args := limitsSettleArgs(l.groups, &a)
 	_ = s.calls.Do(context.Background(), func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
@@ -775,7 +776,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	if holdFor == 0 && !capped {
 		return d
 	}
-	id := keyID(key)
+	id := keyspace.ID(key)
 	if holdFor > 0 {
 		s.heard(id, pauseMark{until: d.Hold, heard: now}) // this process's waiters need not wait for the channel
 	}

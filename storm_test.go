@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/fakeapi"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -221,7 +222,7 @@ func TestSharedExtendedHoldKeepsItsProbes(t *testing.T) {
 			l := newShared(t, redistest.Start(t).Client(t), "extend")
 			const key = "api.example.com"
 			s := sharedOf(l)
-			id := keyID(key)
+			id := keyspace.ID(key)
 			// (A hold of 1 s, one probe: no sign, and not long, see
 			// longHold. The calls below come long before its end, on a
 			// busy machine too; nothing waits for it.)
@@ -263,7 +264,7 @@ func TestSharedLongHoldHasItsProbes(t *testing.T) {
 				l := newShared(t, redistest.Start(t).Client(t), "long")
 				s := sharedOf(l)
 				const key = "api.example.com"
-				id := keyID(key)
+				id := keyspace.ID(key)
 				d := l.(Learner).Learn(context.Background(), key, Signal{
 					Status: http.StatusTooManyRequests, Now: time.Now(), SentAt: time.Now().Add(-time.Millisecond),
 					RetryAfter: c.retryAfter, HasRetryAfter: true,
@@ -309,7 +310,7 @@ func TestSharedUnsaidThrottleHasAProbe(t *testing.T) {
 				l := newShared(t, redistest.Start(t).Client(t))
 				s := sharedOf(l)
 				const key = "api.example.com"
-				id := keyID(key)
+				id := keyspace.ID(key)
 				reserve := func(n int) []reserved { return reserveTurns(t, s, id, n) }
 				turn := func(r reserved) time.Time { return r.at.Add(r.wait) }
 				var last time.Time
@@ -357,7 +358,7 @@ func agedKey(t *testing.T, s *shared, key string) {
 	ctx := context.Background()
 	now, err := s.rdb.Time(ctx).Result()
 	require.NoError(t, err)
-	state := s.redisKeys(keyID(key))[2]
+	state := s.redisKeys(keyspace.ID(key))[2]
 	require.NoError(t, s.rdb.HSet(ctx, state, fieldHist, now.Add(-2*time.Second).UnixMicro()).Err())
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/egress-go/egress/internal/clock"
+	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -90,7 +91,7 @@ func waitersCases() []waitersCase {
 
 // sharedParked counts the waiters of key queued for a script call.
 func sharedParked(s *shared, key string) func() int {
-	id := keyID(key)
+	id := keyspace.ID(key)
 	return func() int {
 		s.mu.Lock()
 		defer s.mu.Unlock()
