@@ -172,7 +172,7 @@ type e2eCounter struct {
 	start   time.Time
 	latency time.Duration // the provider's
 	first   atomic.Int64  // when the first answer came back, in ns since start; 0 before
-	latest  atomic.Int64  // how late past latency the latest-read answer was read, in ns
+	latest  atomic.Int64  // how late past latency an answer was read at most, in ns
 
 	mu           sync.Mutex
 	blind, after []time.Duration // when each refusal came back, since start
@@ -218,8 +218,11 @@ func (b e2eBase) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	now := time.Since(b.c.start)
-	if late := int64(now - sent - b.c.latency); late > b.c.latest.Load() {
-		b.c.latest.Store(late) // racy max: a later answer may lower it by a hair
+	for late := int64(now - sent - b.c.latency); ; {
+		old := b.c.latest.Load()
+		if late <= old || b.c.latest.CompareAndSwap(old, late) {
+			break
+		}
 	}
 	b.c.note(now, "sent %v: %d, remaining %v", sent.Round(100*time.Microsecond), resp.StatusCode, e2eRemaining(resp.Header))
 	b.c.first.CompareAndSwap(0, int64(now))
