@@ -420,10 +420,10 @@ func TestDialectHeaderNamesAreCanonical(t *testing.T) {
 	}
 }
 
-// TestDialectMirrors: internal/dialect's Quota, Dimension, Kind, Scope and
-// Retry are the root's Quota, Dimension, ResetKind, Scope and
-// RetryDecision, value for value and field for field, and found adds
-// every field the readers found to the Signal.
+// TestDialectMirrors: internal/dialect's Quota, Dimension, Kind, Scope,
+// Retry and BodyPeekLimit are the root's Quota, Dimension, ResetKind,
+// Scope, RetryDecision and BodyPeekLimit, value for value and field for
+// field, and found adds every field the readers found to the Signal.
 func TestDialectMirrors(t *testing.T) {
 	assert.Equal(t,
 		[]Dimension{Requests, Tokens, InputTokens, OutputTokens, Points},
@@ -438,6 +438,8 @@ func TestDialectMirrors(t *testing.T) {
 	assert.Equal(t,
 		[]RetryDecision{RetryDefault, RetryYes, RetryNo},
 		[]RetryDecision{RetryDecision(dialect.RetryDefault), RetryDecision(dialect.RetryYes), RetryDecision(dialect.RetryNo)})
+
+	assert.Equal(t, BodyPeekLimit, dialect.BodyPeekLimit)
 
 	dq := dialect.Quota{Dimension: dialect.Tokens, Name: "tpm", Limit: 10, HasLimit: true, Remaining: 3, HasRemaining: true,
 		Reset: 2 * time.Second, HasReset: true, Window: time.Minute, HasWindow: true, Used: 7, HasUsed: true,
