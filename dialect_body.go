@@ -9,7 +9,7 @@ import (
 // BodyPeekLimit is the most of a response body that PeekBody reads: 4 KiB,
 // enough for the JSON error of a 429, small enough to cost nothing worth
 // counting.
-const BodyPeekLimit = 4 << 10 // internal/dialect.BodyPeekLimit (TestDialectMirrors)
+const BodyPeekLimit = 4 << 10
 
 // PeekBody returns the first bytes of resp's body, at most BodyPeekLimit,
 // for a SignalReader that reads a provider's error body (a billing error, a
