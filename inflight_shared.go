@@ -50,7 +50,7 @@ import (
 // leases in one Cluster slot, different keys spread over the Cluster),
 // egress:{<name>}:slot-members for the heartbeat (both expire when
 // unused), and each key's channel egress:{<name>:<key hash>}:released,
-// in the key's slot (internal/keyspace).
+// in the key's slot.
 //
 // Close stops the background goroutine and gives back the leases the
 // instance holds. A SharedInFlightLimit is safe for simultaneous use by
