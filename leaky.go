@@ -288,8 +288,8 @@ func (lb *LeakyBucket) EffectiveRate(key string) Rate {
 }
 
 // Learn implements Learner: key's controller applies what a response said
-// (see internal/control). A hold moves the key's next release to its end; the
-// queue then drains at the rate from there.
+// (the README's "How egress learns a limit"). A hold moves the key's next
+// release to its end; the queue then drains at the rate from there.
 func (lb *LeakyBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()

@@ -694,8 +694,9 @@ func (tb *TokenBucket) EffectiveRate(key string) Rate {
 }
 
 // Learn implements Learner: key's controller applies what a response said
-// (see internal/control). A hold empties the bucket as of its end but for one
-// token, so that the key resumes at its rate rather than in a burst.
+// (the README's "How egress learns a limit"). A hold empties the bucket as
+// of its end but for one token, so that the key resumes at its rate rather
+// than in a burst.
 func (tb *TokenBucket) Learn(_ context.Context, key string, s Signal) Decision {
 	r := s.response()
 	tb.mu.RLock()
