@@ -172,11 +172,10 @@ const maxCostBody = 4 << 20
 // WithCosts: 1 request, and tokens of input and output. The input is the
 // body's size over 4 (about 4 bytes a token for English text, which the
 // JSON around the prompt only raises: an over-estimate, refunded when the
-// response tells the usage), except that an inline image (base64 data of
-// at least 1 KiB in a data URL or after an "image/..." media type, as
-// OpenAI's and Anthropic's bodies carry them) counts as 1,600 tokens,
-// about the most one image costs, not by its size (internal/usage reads
-// the body); the output is the body's max_tokens,
+// response tells the usage), except that an inline image (base64 data of at
+// least 1 KiB in a data URL or after an "image/..." media type, as OpenAI's
+// and Anthropic's bodies carry them) counts as 1,600 tokens, about the most
+// one image costs, not by its size; the output is the body's max_tokens,
 // max_completion_tokens or max_output_tokens (OpenAI's and Anthropic's
 // names), which is what OpenAI reserves at admission, or 0 when it sets
 // none (the output is then charged when the response tells it). It reads a
