@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/lease"
@@ -113,7 +114,7 @@ func TestLeaseSteps(t *testing.T) {
 					r, err := lease.ParseReply(reply)
 					require.NoError(t, err, "step %d", j)
 					assert.Equal(t, st.released, held, "step %d: Go's release of %d", j, st.id)
-					assert.Equal(t, lease.Reply{N: int64(b2i(st.released))}, r, "step %d: Lua's release of %d", j, st.id)
+					assert.Equal(t, lease.Reply{N: int64(argv.Flag(st.released))}, r, "step %d: Lua's release of %d", j, st.id)
 					continue
 				}
 				taken, wait := ls.Acquire(st.id, tc.n, fc.Now(), st.life)
@@ -123,7 +124,7 @@ func TestLeaseSteps(t *testing.T) {
 				require.NoError(t, err, "step %d", j)
 				assert.Equal(t, st.taken, taken, "step %d: Go's acquire of %d", j, st.id)
 				assert.Equal(t, st.wait, wait, "step %d: Go's wait", j)
-				assert.Equal(t, lease.Reply{N: int64(b2i(st.taken)), Wait: st.wait}, r, "step %d: Lua's acquire of %d", j, st.id)
+				assert.Equal(t, lease.Reply{N: int64(argv.Flag(st.taken)), Wait: st.wait}, r, "step %d: Lua's acquire of %d", j, st.id)
 			}
 		})
 	}

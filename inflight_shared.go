@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/egress-go/egress/internal/announce"
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/keyspace"
 	"github.com/egress-go/egress/internal/lease"
@@ -453,7 +454,7 @@ func (s *SharedInFlightLimit) leases(m map[string]heldLease, now time.Time) map[
 			delete(m, lid) // ended: expired in Redis, or taken back by the fallback
 			continue
 		}
-		by[h.keyID] = append(by[h.keyID], lease.Lease{ID: lid, Life: micros(min(s.live, h.until.Sub(now)))})
+		by[h.keyID] = append(by[h.keyID], lease.Lease{ID: lid, Life: argv.Micros(min(s.live, h.until.Sub(now)))})
 	}
 	return by
 }

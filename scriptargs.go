@@ -2,6 +2,8 @@ package egress
 
 import (
 	"time"
+
+	"github.com/egress-go/egress/internal/argv"
 )
 
 // The arguments of the shared limiters' scripts, one type a script: its
@@ -102,13 +104,5 @@ func maxWaitArg(limit, now time.Time) int64 {
 	if limit.IsZero() {
 		return -1
 	}
-	return max(micros(limit.Sub(now)), 0)
-}
-
-// b2i is a flag as a script's argument: 1 for true, 0 for false.
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return max(argv.Micros(limit.Sub(now)), 0)
 }

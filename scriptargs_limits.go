@@ -33,9 +33,9 @@ type limitsLimit struct {
 // limits' (added to a window's length, kept in reserve by a bucket).
 func limitGroup(lim *Limit, margin time.Duration) limitsLimit {
 	if lim.window {
-		return limitsLimit{kind: 1, n: lim.n, span: float64(micros(lim.w + margin))}
+		return limitsLimit{kind: 1, n: lim.n, span: float64(argv.Micros(lim.w + margin))}
 	}
-	return limitsLimit{n: lim.n, span: 1e6 * lim.rate.per.Seconds() / lim.rate.n, margin: micros(margin)}
+	return limitsLimit{n: lim.n, span: 1e6 * lim.rate.per.Seconds() / lim.rate.n, margin: argv.Micros(margin)}
 }
 
 // limitsReserve is a reserve's ARGV after the limits' groups; a group a

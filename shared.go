@@ -716,5 +716,3 @@ func (s *shared) hear(payload string) {
 		s.heard(t.Key, pauseMark{until: now.Add(t.Left), heard: now, end: t.End, probes: t.Probes})
 	}
 }
-
-func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }

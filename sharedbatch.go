@@ -437,8 +437,8 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 	first = ok && ln.called.IsZero()
 	a := reserveArgv{
 		configured: s.rate.PerSecond(), usable: s.usable, most: s.usableAt(id, now), depth: s.depth,
-		discover: b2i(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor,
-		probeHold: micros(control.ProbeHold), channel: s.keyChannel(id), id: id, read: -1,
+		discover: argv.Flag(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor,
+		probeHold: argv.Micros(control.ProbeHold), channel: s.keyChannel(id), id: id, read: -1,
 	}
 	var rep *budgetReport
 	if l, ok := s.learnt.M[id]; ok {
@@ -448,7 +448,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 	s.ann.Want(a.channel, now)
 	a.budgetArgv = budgetArgs(rep, now)
 	if rep != nil {
-		a.read = max(micros(now.Sub(rep.read)), 0)
+		a.read = max(argv.Micros(now.Sub(rep.read)), 0)
 	}
 	// Without priorities the requests go as (cost, max wait) pairs: the
 	// script then skips the fleet's order (horizon 0).
@@ -456,7 +456,7 @@ func (s *shared) reserveArgs(id string, batch []*pending) (keys []string, args [
 	group := 2
 	keys = s.redisKeys(id)
 	if ordered {
-		a.horizon, group = micros(fleetHorizon), 6
+		a.horizon, group = argv.Micros(fleetHorizon), 6
 		keys = append(keys, s.sharesKey(id))
 	}
 	args = argv.Append(make([]any, 0, 21+group*len(batch)), &a)

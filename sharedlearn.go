@@ -83,15 +83,15 @@ func (s *shared) budgetReportOf(resp *control.Response, q control.Quota, hasQ bo
 // limit (-1 for none), the reset's resolution.
 func budgetArgs(r *budgetReport, now time.Time) budgetArgv {
 	if r == nil || r.read.Add(r.reset).Before(now) {
-		return budgetArgv{remaining: -1, ago: -1, limit: -1, resolution: micros(time.Second)}
+		return budgetArgv{remaining: -1, ago: -1, limit: -1, resolution: argv.Micros(time.Second)}
 	}
 	ago := int64(-1)
 	if !r.sent.IsZero() {
-		ago = max(micros(now.Sub(r.sent)), 0)
+		ago = max(argv.Micros(now.Sub(r.sent)), 0)
 	}
 	return budgetArgv{
-		remaining: r.remaining, reset: micros(r.reset - now.Sub(r.read)), unit: micros(r.unit), ago: ago,
-		inFlight: r.inFlight, kind: int(r.kind), limit: r.limit, resolution: micros(control.ResetResolution(r.reset)),
+		remaining: r.remaining, reset: argv.Micros(r.reset - now.Sub(r.read)), unit: argv.Micros(r.unit), ago: ago,
+		inFlight: r.inFlight, kind: int(r.kind), limit: r.limit, resolution: argv.Micros(control.ResetResolution(r.reset)),
 	}
 }
 
@@ -355,24 +355,24 @@ func (l *learntRate) probe(sent time.Time, floor float64) bool {
 // control runs the control script for key id: one round trip.
 func (s *shared) control(ctx context.Context, id string, resp *control.Response, ev control.Evidence, q control.Quota, hasQ bool, adv, est float64, rep *budgetReport, sign bool) (controlled, error) {
 	a := controlArgv{
-		configured: s.rate.PerSecond(), discover: b2i(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor, beta: s.learn.Beta,
-		advertised: adv, advTTL: micros(control.AdvertisedTTL),
-		exhausted: b2i(ev == control.EvExhausted), throttled: b2i(resp.Throttled),
-		accepted: b2i(resp.Status >= 200 && resp.Status < http.StatusMultipleChoices),
+		configured: s.rate.PerSecond(), discover: argv.Flag(s.learn.Discover), c: s.learn.C, floor: s.learn.Floor, beta: s.learn.Beta,
+		advertised: adv, advTTL: argv.Micros(control.AdvertisedTTL),
+		exhausted: argv.Flag(ev == control.EvExhausted), throttled: argv.Flag(resp.Throttled),
+		accepted: argv.Flag(resp.Status >= 200 && resp.Status < http.StatusMultipleChoices),
 		ago:      -1, reset: -1, retryAfter: -1, remaining: -1, limit: -1,
-		zero:     b2i(hasQ && q.HasRemaining && q.Remaining-float64(resp.InFlight) <= 0),
-		estimate: est, usable: s.usable, probeHold: micros(control.ProbeHold), channel: s.keyChannel(id), id: id,
-		kind: int(q.Kind), other: b2i(ev == control.EvOther), bare: b2i(!hasQ), stormTTL: micros(control.StormTTL),
-		budget: b2i(rep != nil), sign: b2i(sign),
+		zero:     argv.Flag(hasQ && q.HasRemaining && q.Remaining-float64(resp.InFlight) <= 0),
+		estimate: est, usable: s.usable, probeHold: argv.Micros(control.ProbeHold), channel: s.keyChannel(id), id: id,
+		kind: int(q.Kind), other: argv.Flag(ev == control.EvOther), bare: argv.Flag(!hasQ), stormTTL: argv.Micros(control.StormTTL),
+		budget: argv.Flag(rep != nil), sign: argv.Flag(sign),
 	}
 	if !resp.SentAt.IsZero() {
-		a.ago = max(micros(resp.Now.Sub(resp.SentAt)), 0)
+		a.ago = max(argv.Micros(resp.Now.Sub(resp.SentAt)), 0)
 	}
 	if hasQ && q.HasReset {
-		a.reset = micros(q.Reset)
+		a.reset = argv.Micros(q.Reset)
 	}
 	if resp.HasRetryAfter {
-		a.retryAfter = micros(resp.RetryAfter)
+		a.retryAfter = argv.Micros(resp.RetryAfter)
 	}
 	if hasQ {
 		a.remaining = q.Remaining
@@ -381,10 +381,10 @@ func (s *shared) control(ctx context.Context, id string, resp *control.Response,
 		a.limit = q.Limit
 	}
 	if rep != nil {
-		a.unit, a.inFlight = micros(rep.unit), rep.inFlight
+		a.unit, a.inFlight = argv.Micros(rep.unit), rep.inFlight
 	}
 	probes, gap, long := s.throttleProbes(resp, hasQ)
-	a.probes, a.probeGap, a.long = probes, micros(gap), b2i(long)
+	a.probes, a.probeGap, a.long = probes, argv.Micros(gap), argv.Flag(long)
 	keys := s.redisKeys(id)
 	var reply []any
 	err := s.calls.Do(ctx, func(ctx context.Context) error {

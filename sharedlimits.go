@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/caller"
 	"github.com/egress-go/egress/internal/clock"
 	"github.com/egress-go/egress/internal/keyed"
@@ -671,7 +672,7 @@ func (l *SharedLimits) run(keys []string, batch []*limitsPending) ([]limitsReply
 	ordered := slices.ContainsFunc(batch, func(p *limitsPending) bool { return p.turn.share > 0 })
 	horizon := int64(0)
 	if ordered {
-		horizon = micros(fleetHorizon)
+		horizon = argv.Micros(fleetHorizon)
 	} else {
 		keys = keys[:len(keys)-2] // the order's and the shares' (see redisKeys)
 	}
@@ -750,7 +751,7 @@ func (l *SharedLimits) Settle(g Grant, actual Cost) {
 	if !changed {
 		return
 	}
-	a.replan, a.channel, a.id = b2i(l.replan), l.channel(g.Key), keyspace.ID(g.Key)
+	a.replan, a.channel, a.id = argv.Flag(l.replan), l.channel(g.Key), keyspace.ID(g.Key)
 	args := limitsSettleArgs(l.groups, &a)
 	_ = s.calls.Do(context.Background(), func(ctx context.Context) error {
 		return caller.Run(ctx, s.rdb, s.clock, l.script, l.redisKeys(g.Key), args...).Err()
@@ -770,7 +771,7 @@ func (l *SharedLimits) Learn(ctx context.Context, key string, sig Signal) Decisi
 	now := s.clock.Now()
 	var holdFor int64
 	if d.Hold.After(now) {
-		holdFor = micros(d.Hold.Sub(now))
+		holdFor = argv.Micros(d.Hold.Sub(now))
 	}
 	caps, capped := l.caps(&sig)
 	if holdFor == 0 && !capped {
@@ -806,7 +807,7 @@ func (l *SharedLimits) caps(sig *Signal) ([]limitsCap, bool) {
 			if k := q.keep(sig); c.keep < 0 || k < c.keep {
 				c = limitsCap{keep: k, reset: -1} // -1: no reset
 				if q.HasReset {
-					c.reset = max(micros(q.Reset), 0)
+					c.reset = max(argv.Micros(q.Reset), 0)
 				}
 				if q.Kind == ResetKindBucket {
 					c.bucket = 1

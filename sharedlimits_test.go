@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/redistest"
 )
 
@@ -263,7 +264,7 @@ func TestSharedLimitsWindowExactForTheFleet(t *testing.T) {
 	}
 	wg.Wait()
 	slices.Sort(turns)
-	span := micros(w + jitterTolerance)
+	span := argv.Micros(w + jitterTolerance)
 	for i := range turns {
 		j, _ := slices.BinarySearch(turns, turns[i]+span)
 		require.LessOrEqual(t, j-i, n, "grants in the window from turn %d", i)

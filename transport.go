@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/egress-go/egress/internal/argv"
 	"github.com/egress-go/egress/internal/clock"
 )
 
@@ -489,7 +490,7 @@ func (t *Transport) checkNear(key string, s *Signal) {
 		return // nothing said either way
 	}
 	near = near || (!counted && s.NearLimit)
-	was := t.near.swap(key, b2i(near))
+	was := t.near.swap(key, argv.Flag(near))
 	if near && was == 0 {
 		t.obs.OnNearLimit(key, low)
 	}

@@ -3,13 +3,17 @@
 // tagged with its index in the script's header (`argv:"3"`, or an
 // expression such as `argv:"o+2i"` for a group repeated per limit); an
 // embedded struct or a slice of structs stands for its fields in place.
-// Append encodes them; the root's TestScriptArgsMatchHeaders holds each
-// type's tags to its script's header.
+// Append encodes them, a duration in Micros and a flag by Flag; the
+// root's TestScriptArgsMatchHeaders holds each type's tags to its
+// script's header.
 //
 // It knows nothing of Redis or of any script: only the encoding.
 package argv
 
-import "reflect"
+import (
+	"reflect"
+	"time"
+)
 
 // Append appends the fields of v, a pointer to a struct of arguments, to
 // args, in order (embedded structs in place, a slice element by element).
@@ -46,4 +50,15 @@ func appendValue(args []any, f reflect.Value) []any {
 	default:
 		panic("egress: a script argument of kind " + f.Kind().String())
 	}
+}
+
+// Micros is a duration as the scripts read one: whole microseconds.
+func Micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// Flag is a flag as the scripts read one: 1 for true, 0 for false.
+func Flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -2,6 +2,7 @@ package argv
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -27,4 +28,6 @@ func TestAppend(t *testing.T) {
 	got := Append([]any{"x"}, &args{a: 1.5, b: 2, inner: inner{c: "c"}, es: []each{{7}, {8}}})
 	assert.Equal(t, []any{"x", 1.5, int64(2), "c", int64(7), int64(8)}, got)
 	assert.Panics(t, func() { Append(nil, &struct{ b bool }{}) }, "a kind it does not encode")
+	assert.Equal(t, int64(1500), Micros(1500*time.Microsecond+999))
+	assert.Equal(t, []int{1, 0}, []int{Flag(true), Flag(false)})
 }

@@ -46,7 +46,7 @@ type Released struct {
 // AcquireArgs returns slots.lua's arguments to take lease, for life, when
 // fewer than most are live.
 func AcquireArgs(lease string, most int, life time.Duration) []any {
-	return argv.Append(argv.Append(make([]any, 0, 5), &Op{"acquire"}), &Acquiring{lease: lease, most: most, life: micros(life)})
+	return argv.Append(argv.Append(make([]any, 0, 5), &Op{"acquire"}), &Acquiring{lease: lease, most: most, life: argv.Micros(life)})
 }
 
 // LeasesArgs returns slots.lua's arguments to adopt or renew leases.
@@ -85,6 +85,3 @@ func ParseReply(reply []int64) (Reply, error) {
 	}
 	return Reply{N: reply[0], Wait: time.Duration(reply[1]) * time.Microsecond}, nil
 }
-
-// micros is d in whole microseconds, as the script reads a duration.
-func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }

@@ -96,11 +96,7 @@ func (m *Member) Since(now time.Time) time.Duration { return now.Sub(time.Unix(0
 
 // args returns heartbeat.lua's arguments, joining (or leaving) the fleet.
 func (m *Member) args(join bool) []any {
-	a := Args{id: m.id, ttl: m.ttl.Milliseconds()}
-	if join {
-		a.join = 1
-	}
-	return argv.Append(make([]any, 0, 4), &a)
+	return argv.Append(make([]any, 0, 4), &Args{id: m.id, ttl: m.ttl.Milliseconds(), join: argv.Flag(join)})
 }
 
 // Beat records the instance as live and counts the fleet, the call run by
