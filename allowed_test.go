@@ -133,7 +133,7 @@ func TestUnreadSignalIsTimeless(t *testing.T) {
 		for _, h := range headers {
 			for _, body := range bodies {
 				resp := sigResponse(status, h, body)
-				if c.reads(resp) {
+				if reads, _ := c.reads(resp); reads {
 					continue
 				}
 				unread++
@@ -150,12 +150,16 @@ func TestUnreadSignalIsTimeless(t *testing.T) {
 	}
 	assert.Positive(t, unread)
 
-	assert.True(t, c.reads(sigResponse(429, nil, "")), "a 429")
+	reads, builtin := c.reads(sigResponse(429, nil, ""))
+	assert.True(t, reads && builtin, "a 429")
 	for _, name := range allSignalHeaders() {
-		assert.True(t, c.reads(sigResponse(200, []string{name, "1"}, "")), name)
+		reads, builtin := c.reads(sigResponse(200, []string{name, "1"}, ""))
+		assert.True(t, reads && builtin, name)
 	}
 	own := &signalConfig{readers: []SignalReader{retryReader{}}}
-	assert.True(t, own.reads(sigResponse(200, nil, "")), "a Transport's own readers read every response")
+	reads, builtin = own.reads(sigResponse(200, nil, ""))
+	assert.True(t, reads, "a Transport's own readers read every response")
+	assert.False(t, builtin, "the built-in ones only what may be theirs")
 }
 
 // countingClock is a fake clock that counts its readings.

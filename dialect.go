@@ -311,13 +311,9 @@ func (s *Signal) setReason(r string) {
 
 // readBuiltin runs the built-in readers over resp, into s: Retry-After
 // and its kin (retryafter.go), then the providers' dialects
-// (internal/dialect), whose findings it adds. A response that is no 429
-// (whose body may speak) and has no header that may carry a signal is
-// passed over after one look at its header names.
+// (internal/dialect), whose findings it adds. Its caller runs it only on
+// a response they read (see signalConfig.reads).
 func readBuiltin(resp *http.Response, s *Signal) {
-	if resp.StatusCode != http.StatusTooManyRequests && !dialect.MaySignal(resp.Header) {
-		return
-	}
 	retryReader{}.ReadSignal(resp, s)
 	var r dialect.Reading
 	r.Begin(s.Now, s.maxWait(), s.parseCap(), s.Host, s.cfg)

@@ -330,12 +330,15 @@ func readSignal(resp *http.Response, sentAt, now time.Time, maxWait time.Duratio
 }
 
 // reads reports whether reading resp runs a reader, which may need the
-// time it is read at: the built-in readers read a 429, or a response with
-// a header whose name may be theirs (see readBuiltin); a Transport's own
-// readers read every response. A response that runs none is read the
-// same at any time (TestUnreadSignalIsTimeless).
-func (c *signalConfig) reads(resp *http.Response) bool {
-	return resp.StatusCode == http.StatusTooManyRequests || dialect.MaySignal(resp.Header) || (c != nil && len(c.readers) > 0)
+// time it is read at, and whether the built-in readers are among them:
+// they read a 429, or a response with a header whose name may be theirs
+// (dialect.MaySignal, one look at every name, which readInto is given
+// rather than take again); a Transport's own readers read every
+// response. A response that runs none is read the same at any time
+// (TestUnreadSignalIsTimeless).
+func (c *signalConfig) reads(resp *http.Response) (any, builtin bool) {
+	builtin = resp.StatusCode == http.StatusTooManyRequests || dialect.MaySignal(resp.Header)
+	return builtin || (c != nil && len(c.readers) > 0), builtin
 }
 
 // unread is readInto for a response that runs no reader (see reads): its
@@ -354,20 +357,27 @@ func (c *signalConfig) unread(s *Signal, resp *http.Response, host string, sentA
 // allocation.
 func (c *signalConfig) readSignal(resp *http.Response, host string, sentAt, now time.Time, maxWait time.Duration) Signal {
 	var s Signal
-	c.readInto(&s, resp, host, sentAt, now, maxWait)
+	builtin := false
+	if resp != nil {
+		_, builtin = c.reads(resp)
+	}
+	c.readInto(&s, resp, host, sentAt, now, maxWait, builtin)
 	return s
 }
 
 // readInto is readSignal into s, all of which it sets: the Transport reads
 // into the Signal it keeps for the attempt, rather than copy one there.
-func (c *signalConfig) readInto(s *Signal, resp *http.Response, host string, sentAt, now time.Time, maxWait time.Duration) {
+// builtin is reads' word on whether the built-in readers read resp.
+func (c *signalConfig) readInto(s *Signal, resp *http.Response, host string, sentAt, now time.Time, maxWait time.Duration, builtin bool) {
 	*s = Signal{Now: now, SentAt: sentAt, Host: host, MaxWait: maxWait}
 	if resp == nil {
 		return
 	}
 	s.Status = resp.StatusCode
 	s.cfg = c
-	readBuiltin(resp, s)
+	if builtin {
+		readBuiltin(resp, s)
+	}
 	if c != nil && len(c.readers) > 0 {
 		// A Signal handed to an interface escapes: only a Transport with
 		// readers of its own pays for a copy on the heap.

@@ -440,13 +440,13 @@ func (t *Transport) learn(req *http.Request, key string, resp *http.Response, a 
 		return
 	}
 	sig, maxWait := &h.sig, max(t.maxPause, t.maxQuotaHold)
-	if a.bk != nil && !t.signals.reads(resp) {
+	if reads, builtin := t.signals.reads(resp); a.bk != nil && !reads {
 		// The quick way, a response no reader reads is read the same at
 		// any time: the clock is not read for it, and the limiter reads it
 		// if its controller needs the time (see TokenBucket.learnAt).
 		t.signals.unread(sig, resp, req.URL.Host, a.sentAt, maxWait)
 	} else {
-		t.signals.readInto(sig, resp, req.URL.Host, a.sentAt, t.clock.Now(), maxWait)
+		t.signals.readInto(sig, resp, req.URL.Host, a.sentAt, t.clock.Now(), maxWait, builtin)
 	}
 	sig.InFlight = inFlight
 	t.checkNear(key, sig)
